@@ -1,0 +1,120 @@
+"""PyPI packages from a pinned, hash-checked lock, without rules_python.
+
+`pip_lock_repository` installs every package of a lock file (each pinned with
+`==` and `--hash`, installed with `--require-hashes --no-deps`) into
+`site/` of an external repository and generates one `py_library` per package,
+named by its normalised name (`@pypi//:jax`, `@pypi//:absl_py`). A library's
+data are the package's top-level directories and files (a few labels each,
+which keeps test sandboxes small), and its deps follow the package's
+`Requires-Dist` metadata (markers evaluated for this interpreter, no extras).
+
+A layered repository (`base`, `base_lock`) holds only what its lock adds on
+top of another lock; dependencies found in the base lock point into the base
+repository, and every base package is aliased, so `@pypi_test//:X` works for
+any package of either lock.
+
+`pip_archive` downloads one pinned distribution (sdist or wheel) through pip,
+hash-checked, and unpacks it with a BUILD file of the caller's.
+"""
+
+_PYTHON_PATH = "@python_host//:python_path.txt"
+
+def _python(rctx):
+    return rctx.read(Label(_PYTHON_PATH)).strip()
+
+def _run(rctx, args, what, timeout = 1800):
+    result = rctx.execute(args, timeout = timeout, quiet = True)
+    if result.return_code:
+        fail("{} failed ({}):\n{}\n{}".format(what, result.return_code, result.stdout, result.stderr))
+    return result
+
+def _pip_lock_repository_impl(rctx):
+    python = _python(rctx)
+    lock = rctx.path(rctx.attr.lock)
+    rctx.report_progress("pip install -r {}".format(rctx.attr.lock.name))
+    _run(rctx, [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--no-warn-script-location",
+        "--no-deps",
+        "--require-hashes",
+        "--target",
+        "site",
+        "-r",
+        lock,
+    ], "pip install of {}".format(rctx.attr.lock))
+    args = [
+        python,
+        rctx.path(rctx.attr._generate_build),
+        "--site",
+        "site",
+        "--lock",
+        lock,
+        "--out",
+        "BUILD.bazel",
+    ]
+    if rctx.attr.base:
+        args += ["--base", rctx.attr.base, "--base_lock", rctx.path(rctx.attr.base_lock)]
+    _run(rctx, args, "generating the BUILD file of @{}".format(rctx.name))
+    rctx.file("WORKSPACE", "workspace(name = \"{}\")\n".format(rctx.name))
+
+pip_lock_repository = repository_rule(
+    implementation = _pip_lock_repository_impl,
+    attrs = {
+        "lock": attr.label(mandatory = True, allow_single_file = True, doc = "The lock file."),
+        "base": attr.string(doc = "Repository holding `base_lock`'s packages, e.g. `@pypi`."),
+        "base_lock": attr.label(allow_single_file = True, doc = "Lock that this one is layered on."),
+        "_generate_build": attr.label(default = "//third_party/python:generate_build.py"),
+        "_python_path": attr.label(default = _PYTHON_PATH),
+    },
+    environ = ["PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONFIG_FILE"],
+    doc = "Installs a pinned, hash-checked lock and exposes one target per package.",
+)
+
+def _pip_archive_impl(rctx):
+    python = _python(rctx)
+    rctx.file("requirement.txt", "{} --hash=sha256:{}\n".format(rctx.attr.requirement, rctx.attr.sha256))
+    _run(rctx, [
+        python,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--no-build-isolation",
+        "--require-hashes",
+        "--dest",
+        "download",
+        "-r",
+        "requirement.txt",
+    ], "pip download of {}".format(rctx.attr.requirement))
+    files = rctx.path("download").readdir()
+    if len(files) != 1:
+        fail("pip download of {} gave {} files, expected one".format(rctx.attr.requirement, len(files)))
+    archive = files[0]
+    kind = "zip" if archive.basename.endswith(".whl") else ""
+    rctx.extract(archive, stripPrefix = rctx.attr.strip_prefix, type = kind)
+    rctx.delete("download")
+    rctx.delete("requirement.txt")
+    rctx.file("BUILD.bazel", rctx.attr.build_file_content)
+    rctx.file("WORKSPACE", "workspace(name = \"{}\")\n".format(rctx.name))
+
+pip_archive = repository_rule(
+    implementation = _pip_archive_impl,
+    attrs = {
+        "requirement": attr.string(mandatory = True, doc = "`name==version`."),
+        "sha256": attr.string(mandatory = True, doc = "SHA-256 of the distribution file."),
+        "strip_prefix": attr.string(doc = "Folder prefix to strip when unpacking."),
+        "build_file_content": attr.string(mandatory = True),
+        "_python_path": attr.label(default = _PYTHON_PATH),
+    },
+    environ = ["PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONFIG_FILE"],
+    doc = "One pinned, hash-checked distribution from PyPI, unpacked.",
+)
