@@ -88,7 +88,6 @@ def _pip_archive_impl(rctx):
         "--no-input",
         "--disable-pip-version-check",
         "--no-deps",
-        "--no-build-isolation",
         "--require-hashes",
         "--dest",
         "download",
@@ -99,8 +98,11 @@ def _pip_archive_impl(rctx):
     if len(files) != 1:
         fail("pip download of {} gave {} files, expected one".format(rctx.attr.requirement, len(files)))
     archive = files[0]
-    kind = "zip" if archive.basename.endswith(".whl") else ""
-    rctx.extract(archive, stripPrefix = rctx.attr.strip_prefix, type = kind)
+    if archive.basename.endswith(".whl"):
+        # A wheel is a zip archive; Bazel 4's extract() goes by the suffix.
+        rctx.symlink(archive, "download/wheel.zip")
+        archive = rctx.path("download/wheel.zip")
+    rctx.extract(archive, stripPrefix = rctx.attr.strip_prefix)
     rctx.delete("download")
     rctx.delete("requirement.txt")
     rctx.file("BUILD.bazel", rctx.attr.build_file_content)
