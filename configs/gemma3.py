@@ -1,0 +1,73 @@
+"""Gemma 3 text decoder: a small model for CPU, and the published sizes.
+
+Train the small default (6 layers: 5 local + 1 global, about 14M parameters
+with the 32k-token Mistral tokenizer) on a CPU in a few minutes:
+
+  tools/bazel run //maxtext/bin:train -- --config=configs/gemma3.py
+
+A published size (text-only decoder; 1b, 4b, 12b, 27b), with an override:
+
+  tools/bazel run //maxtext/bin:train -- --config=configs/gemma3.py:1b \
+      --config.optimizer.learning_rate=1e-4
+
+Architecture values follow the Hugging Face configs of google/gemma-3-*-pt.
+"""
+
+import ml_collections
+
+from configs import common
+
+# Sizes of each variant; the rest of the architecture is shared.
+VARIANTS = {
+    "small": dict(vocab_size=32_000, num_layers=6, embed_dim=256, mlp_dim=1024,
+                  num_heads=4, num_kv_heads=1, head_dim=64,
+                  query_pre_attn_scalar=64.0, sliding_window=128),
+    "1b": dict(vocab_size=262_144, num_layers=26, embed_dim=1152, mlp_dim=6912,
+               num_heads=4, num_kv_heads=1, head_dim=256,
+               query_pre_attn_scalar=256.0, sliding_window=512),
+    "4b": dict(vocab_size=262_208, num_layers=34, embed_dim=2560,
+               mlp_dim=10_240, num_heads=8, num_kv_heads=4, head_dim=256,
+               query_pre_attn_scalar=256.0, sliding_window=1024,
+               rope_scaling="linear", rope_scaling_factor=8.0),
+    "12b": dict(vocab_size=262_208, num_layers=48, embed_dim=3840,
+                mlp_dim=15_360, num_heads=16, num_kv_heads=8, head_dim=256,
+                query_pre_attn_scalar=256.0, sliding_window=1024,
+                rope_scaling="linear", rope_scaling_factor=8.0),
+    "27b": dict(vocab_size=262_208, num_layers=62, embed_dim=5376,
+                mlp_dim=21_504, num_heads=32, num_kv_heads=16, head_dim=128,
+                query_pre_attn_scalar=168.0, sliding_window=1024,
+                rope_scaling="linear", rope_scaling_factor=8.0),
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """Returns the config of variant `arg` (None means "small")."""
+  variant = arg or "small"
+  if variant not in VARIANTS:
+    raise ValueError(f"Unknown gemma3 variant {variant!r}; valid variants: "
+                     f"{sorted(VARIANTS)}.")
+  config = common.base_config()
+
+  model = config.model
+  model.family = "gemma3"
+  model.tie_embeddings = True
+  model.dtype = "float32" if variant == "small" else "bfloat16"
+  model.param_dtype = "float32"
+  model.scan_layers = True
+  model.attention_impl = "reference"
+  model.norm_eps = 1e-6
+  model.norm_offset = 1.0
+  model.post_norms = True
+  model.qk_norm = True
+  model.scale_embeddings = True
+  model.rope_theta = 1_000_000.0
+  model.rope_local_theta = 10_000.0
+  model.rope_scaling = "default"
+  model.rope_scaling_factor = 1.0
+  model.global_layer_interval = 6
+  model.attn_logit_softcap = 0.0
+  model.final_logit_softcap = 0.0
+  model.mlp_activation = "gelu_tanh"
+  model.update(VARIANTS[variant])
+
+  return config

@@ -1,0 +1,83 @@
+"""Tests of ModelConfig validation and derived values."""
+
+import dataclasses
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from maxtext.common.model_config import ModelConfig
+
+_VALID = dict(family="test", vocab_size=32, num_layers=8, embed_dim=16,
+              mlp_dim=32, num_heads=4, num_kv_heads=2, head_dim=8)
+
+
+class ModelConfigTest(parameterized.TestCase):
+
+  def test_from_dict_builds_the_config(self):
+    cfg = ModelConfig.from_dict(_VALID)
+    self.assertEqual(cfg, ModelConfig(**_VALID))
+
+  def test_from_dict_names_unknown_key_and_valid_fields(self):
+    with self.assertRaisesRegex(TypeError, r"\['num_head'\].*num_heads"):
+      ModelConfig.from_dict({**_VALID, "num_head": 4})
+
+  def test_is_frozen(self):
+    cfg = ModelConfig(**_VALID)
+    with self.assertRaises(dataclasses.FrozenInstanceError):
+      cfg.num_layers = 2
+
+  @parameterized.named_parameters(
+      ("zero_layers", dict(num_layers=0), "num_layers=0", "positive integer"),
+      ("float_dim", dict(embed_dim=16.0), "embed_dim=16.0", "positive integer"),
+      ("kv_heads", dict(num_kv_heads=3), "num_kv_heads=3", "divide num_heads"),
+      ("odd_head_dim", dict(head_dim=7), "head_dim=7", "even"),
+      ("dtype", dict(dtype="fp8"), "dtype='fp8'", "float32"),
+      ("activation", dict(mlp_activation="relu"), "mlp_activation='relu'",
+       "gelu_tanh"),
+      ("impl", dict(attention_impl="pallas"), "attention_impl='pallas'",
+       "reference"),
+      ("rope", dict(rope_scaling="yarn"), "rope_scaling='yarn'", "llama3"),
+      ("default_factor", dict(rope_scaling_factor=8.0),
+       "rope_scaling_factor=8.0", "default"),
+      ("llama3_factors",
+       dict(rope_scaling="llama3", rope_scaling_factor=8.0,
+            rope_low_freq_factor=4.0, rope_high_freq_factor=1.0),
+       "rope_high_freq_factor=1.0", "rope_low_freq_factor"),
+      ("window", dict(sliding_window=-1), "sliding_window=-1", ">= 0"),
+      ("interval_without_window", dict(global_layer_interval=6),
+       "global_layer_interval=6", "sliding_window=0"),
+      ("window_never_used", dict(sliding_window=4),
+       "global_layer_interval=1", "every layer global"),
+      ("bool", dict(scan_layers=1), "scan_layers=1", "True or False"),
+      ("softcap_xla", dict(attention_impl="xla", attn_logit_softcap=50.0),
+       "attention_impl='xla'", "soft-cap"),
+      ("query_scalar", dict(query_pre_attn_scalar=-1.0),
+       "query_pre_attn_scalar=-1.0", "positive"),
+  )
+  def test_invalid_value_names_field_value_and_valid_values(
+      self, override, field_and_value, valid):
+    with self.assertRaises(ValueError) as error:
+      ModelConfig(**{**_VALID, **override})
+    self.assertIn(f"ModelConfig.{field_and_value}", str(error.exception))
+    self.assertIn(valid, str(error.exception))
+
+  def test_layer_windows_all_global_without_window(self):
+    self.assertEqual(ModelConfig(**_VALID).layer_windows(), (None,) * 8)
+
+  def test_layer_windows_local_global_pattern(self):
+    cfg = ModelConfig(**_VALID, sliding_window=4, global_layer_interval=3)
+    self.assertEqual(cfg.layer_windows(),
+                     (4, 4, None, 4, 4, None, 4, 4))
+
+  def test_layer_windows_all_local(self):
+    cfg = ModelConfig(**_VALID, sliding_window=4, global_layer_interval=0)
+    self.assertEqual(cfg.layer_windows(), (4,) * 8)
+
+  def test_query_scale(self):
+    self.assertEqual(ModelConfig(**_VALID).query_scale, 8**-0.5)
+    cfg = ModelConfig(**_VALID, query_pre_attn_scalar=16.0)
+    self.assertEqual(cfg.query_scale, 0.25)
+
+
+if __name__ == "__main__":
+  absltest.main()

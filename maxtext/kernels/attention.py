@@ -1,0 +1,120 @@
+"""Causal self-attention kernels: a plain-JAX reference and a fused one.
+
+Both take the same arguments and compute the same function:
+  o[b, i, h] = sum_j softmax_j(scale * q[b, i, h] . k[b, j, g]) v[b, j, g],
+  g = h // R,
+over keys j allowed by the mask: causal (j <= i), within the sliding window
+(i - j < window) when a window is given, and in the same segment as i when
+segment ids are given (packed sequences). R = H // G query heads share one
+key/value head (GQA; MQA when G == 1).
+
+Shape key: B batch, L query length, S key length (== L), H query heads,
+G key/value heads, R = H // G, K head dim.
+"""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def attention_mask(
+    length: int,
+    window: int | None = None,
+    segment_ids_BL: jax.Array | None = None,
+) -> jax.Array:
+  """Boolean mask [B or 1, L, S]: True where query i may attend to key j."""
+  i_L1 = jnp.arange(length)[:, None]
+  j_1S = jnp.arange(length)[None, :]
+  mask_LS = j_1S <= i_L1
+  if window is not None:
+    mask_LS &= i_L1 - j_1S < window
+  mask_BLS = mask_LS[None]
+  if segment_ids_BL is not None:
+    mask_BLS &= segment_ids_BL[:, :, None] == segment_ids_BL[:, None, :]
+  return mask_BLS
+
+
+def reference_attention(
+    q_BLHK: jax.Array,
+    k_BSGK: jax.Array,
+    v_BSGK: jax.Array,
+    *,
+    scale: float,
+    window: int | None = None,
+    segment_ids_BL: jax.Array | None = None,
+    logit_softcap: float = 0.0,
+) -> jax.Array:
+  """Plain-JAX attention; logits and softmax in float32.
+
+  Args:
+    q_BLHK: Queries.
+    k_BSGK: Keys.
+    v_BSGK: Values.
+    scale: Multiplier of the query-key dot products.
+    window: A query sees this many keys, itself included; None: no window.
+    segment_ids_BL: Tokens attend only to tokens with the same id.
+    logit_softcap: Logits become `c * tanh(logits / c)`; 0 is off.
+
+  Returns:
+    Attention output [B, L, H, K] in the dtype of `v_BSGK`.
+  """
+  batch, length, num_heads, head_dim = q_BLHK.shape
+  num_kv_heads = k_BSGK.shape[2]
+  q_BLGRK = q_BLHK.reshape(batch, length, num_kv_heads,
+                           num_heads // num_kv_heads, head_dim)
+  logits_BGRLS = jnp.einsum("blgrk,bsgk->bgrls", q_BLGRK, k_BSGK,
+                            preferred_element_type=jnp.float32) * scale
+  if logit_softcap:
+    logits_BGRLS = logit_softcap * jnp.tanh(logits_BGRLS / logit_softcap)
+  mask_B11LS = attention_mask(length, window, segment_ids_BL)[:, None, None]
+  logits_BGRLS = jnp.where(mask_B11LS, logits_BGRLS,
+                           jnp.finfo(jnp.float32).min)
+  probs_BGRLS = jax.nn.softmax(logits_BGRLS, axis=-1).astype(v_BSGK.dtype)
+  o_BLGRK = jnp.einsum("bgrls,bsgk->blgrk", probs_BGRLS, v_BSGK)
+  return o_BLGRK.reshape(batch, length, num_heads, head_dim)
+
+
+def xla_attention(
+    q_BLHK: jax.Array,
+    k_BSGK: jax.Array,
+    v_BSGK: jax.Array,
+    *,
+    scale: float,
+    window: int | None = None,
+    segment_ids_BL: jax.Array | None = None,
+    logit_softcap: float = 0.0,
+) -> jax.Array:
+  """`jax.nn.dot_product_attention`: same arguments as `reference_attention`.
+
+  JAX chooses the backend (`implementation=None`; JAX 0.10 picks XLA on every
+  platform). The causal mask and window are passed as such, so a fused
+  backend need not materialise them; only segment ids become an explicit
+  mask.
+
+  Raises:
+    ValueError: `logit_softcap` is set (no fused backend supports it).
+  """
+  if logit_softcap:
+    raise ValueError(
+        f"xla_attention has no attention-logit soft-cap (got {logit_softcap});"
+        " use reference_attention.")
+  mask_B1LS = None
+  if segment_ids_BL is not None:
+    length = q_BLHK.shape[1]
+    mask_B1LS = attention_mask(length, None, segment_ids_BL)[:, None]
+  return jax.nn.dot_product_attention(
+      q_BLHK,
+      k_BSGK,
+      v_BSGK,
+      mask=mask_B1LS,
+      scale=scale,
+      is_causal=True,
+      local_window_size=None if window is None else (window - 1, 0),
+  )
+
+
+IMPLEMENTATIONS: dict[str, Callable[..., jax.Array]] = {
+    "reference": reference_attention,
+    "xla": xla_attention,
+}

@@ -1,0 +1,116 @@
+"""Tests of the attention kernels: reference == naive loop == xla."""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import numpy as np
+
+from maxtext.common import model_config
+from maxtext.kernels import attention
+
+_B, _L, _K = 2, 10, 8
+
+
+def _inputs(num_heads, num_kv_heads, seed=0):
+  rng = np.random.RandomState(seed)
+  q = rng.normal(size=(_B, _L, num_heads, _K)).astype(np.float32)
+  k = rng.normal(size=(_B, _L, num_kv_heads, _K)).astype(np.float32)
+  v = rng.normal(size=(_B, _L, num_kv_heads, _K)).astype(np.float32)
+  return q, k, v
+
+
+def _segments():
+  return np.array([[1, 1, 1, 2, 2, 2, 2, 3, 3, 0],
+                   [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]], np.int32)
+
+
+def _naive_attention(q, k, v, scale, window, segment_ids, softcap):
+  """One query at a time, keys chosen by explicit rules."""
+  out = np.zeros_like(q)
+  group = q.shape[2] // k.shape[2]
+  for b in range(q.shape[0]):
+    for i in range(q.shape[1]):
+      keys = [j for j in range(i + 1)
+              if (window is None or i - j < window) and
+              (segment_ids is None or segment_ids[b, i] == segment_ids[b, j])]
+      for h in range(q.shape[2]):
+        logits = np.array([q[b, i, h] @ k[b, j, h // group] for j in keys])
+        logits = logits * scale
+        if softcap:
+          logits = softcap * np.tanh(logits / softcap)
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        out[b, i, h] = probs @ v[b, keys, h // group]
+  return out
+
+
+_CASES = [
+    dict(testcase_name=f"h{h}_g{g}_w{w}_seg{seg}", num_heads=h,
+         num_kv_heads=g, window=w, segments=seg)
+    for h, g in ((4, 4), (4, 2), (4, 1))
+    for w in (None, 3)
+    for seg in (False, True)
+]
+
+
+class AttentionTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*_CASES)
+  def test_reference_matches_naive_loop(self, num_heads, num_kv_heads, window,
+                                        segments):
+    q, k, v = _inputs(num_heads, num_kv_heads)
+    segment_ids = _segments() if segments else None
+    got = attention.reference_attention(
+        q, k, v, scale=0.3, window=window, segment_ids_BL=segment_ids)
+    want = _naive_attention(q, k, v, 0.3, window, segment_ids, 0.0)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+  def test_reference_softcap_matches_naive_loop(self):
+    q, k, v = _inputs(4, 2)
+    got = attention.reference_attention(q, k, v, scale=1.0, window=4,
+                                        logit_softcap=2.0)
+    want = _naive_attention(q, k, v, 1.0, 4, None, 2.0)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    uncapped = attention.reference_attention(q, k, v, scale=1.0, window=4)
+    self.assertGreater(np.abs(got - uncapped).max(), 1e-2)
+
+  @parameterized.named_parameters(*_CASES)
+  def test_xla_matches_reference(self, num_heads, num_kv_heads, window,
+                                 segments):
+    q, k, v = _inputs(num_heads, num_kv_heads, seed=1)
+    segment_ids = _segments() if segments else None
+    kwargs = dict(scale=0.3, window=window, segment_ids_BL=segment_ids)
+    want = attention.reference_attention(q, k, v, **kwargs)
+    got = jax.jit(lambda q, k, v: attention.xla_attention(q, k, v, **kwargs))(
+        q, k, v)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+  def test_xla_rejects_softcap(self):
+    q, k, v = _inputs(4, 2)
+    with self.assertRaisesRegex(ValueError, "soft-cap"):
+      attention.xla_attention(q, k, v, scale=1.0, logit_softcap=50.0)
+
+  @parameterized.parameters(*attention.IMPLEMENTATIONS)
+  def test_keys_outside_the_window_have_no_influence(self, impl):
+    kernel = attention.IMPLEMENTATIONS[impl]
+    q, k, v = _inputs(4, 2)
+    window, query = 3, _L - 1
+    out = kernel(q, k, v, scale=0.3, window=window)
+    k2, v2 = k.copy(), v.copy()
+    far = slice(0, query - window + 1)  # keys j with query - j >= window
+    k2[:, far] += 5.0
+    v2[:, far] -= 5.0
+    out2 = kernel(q, k2, v2, scale=0.3, window=window)
+    np.testing.assert_array_equal(out[:, query], out2[:, query])
+    # The last key inside the window does matter.
+    v2[:, query - window + 1] += 1.0
+    out3 = kernel(q, k2, v2, scale=0.3, window=window)
+    self.assertGreater(np.abs(out3[:, query] - out[:, query]).max(), 1e-3)
+
+  def test_implementations_match_config_choices(self):
+    self.assertEqual(set(attention.IMPLEMENTATIONS),
+                     set(model_config.ATTENTION_IMPLS))
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,70 @@
+"""Multi-head self-attention layer with GQA, optional q/k norm and rotary.
+
+Shape key: B batch, L length, D embed dim, H query heads, G key/value heads,
+K head dim.
+"""
+
+import jax
+from flax import nnx
+
+from maxtext.common import axes
+from maxtext.common.model_config import ModelConfig
+from maxtext.kernels import attention as attention_kernels
+from maxtext.layers import linear
+from maxtext.layers import norm
+from maxtext.layers import rope
+
+
+class Attention(nnx.Module):
+  """q/k/v projections -> (q/k norm) -> rotary -> causal attention -> output."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def project(in_shape, out_shape, in_axes, out_axes):
+      return linear.Linear(in_shape, out_shape, in_axes=in_axes,
+                           out_axes=out_axes, dtype=cfg.dtype,
+                           param_dtype=cfg.param_dtype, rngs=rngs)
+
+    heads = (cfg.num_heads, cfg.head_dim)
+    kv_heads = (cfg.num_kv_heads, cfg.head_dim)
+    self.query = project((cfg.embed_dim,), heads, (axes.EMBED,),
+                         (axes.HEADS, axes.HEAD_DIM))
+    self.key = project((cfg.embed_dim,), kv_heads, (axes.EMBED,),
+                       (axes.KV_HEADS, axes.HEAD_DIM))
+    self.value = project((cfg.embed_dim,), kv_heads, (axes.EMBED,),
+                         (axes.KV_HEADS, axes.HEAD_DIM))
+    self.output = project(heads, (cfg.embed_dim,), (axes.HEADS, axes.HEAD_DIM),
+                          (axes.EMBED,))
+    if cfg.qk_norm:
+      def head_norm():
+        return norm.RMSNorm(cfg.head_dim, axis_name=axes.HEAD_DIM,
+                            eps=cfg.norm_eps, offset=cfg.norm_offset,
+                            param_dtype=cfg.param_dtype)
+
+      self.query_norm = head_norm()
+      self.key_norm = head_norm()
+    else:
+      self.query_norm = self.key_norm = None
+    self.kernel = attention_kernels.IMPLEMENTATIONS[cfg.attention_impl]
+    self.scale = cfg.query_scale
+    self.logit_softcap = cfg.attn_logit_softcap
+
+  def __call__(
+      self,
+      x_BLD: jax.Array,
+      rotary: rope.Rotary,
+      *,
+      window: int | None = None,
+      segment_ids_BL: jax.Array | None = None,
+  ) -> jax.Array:
+    """Attends causally; `window` limits how far back a query looks."""
+    q_BLHK = self.query(x_BLD)
+    k_BLGK = self.key(x_BLD)
+    v_BLGK = self.value(x_BLD)
+    if self.query_norm is not None:
+      q_BLHK = self.query_norm(q_BLHK)
+      k_BLGK = self.key_norm(k_BLGK)
+    o_BLHK = self.kernel(rotary.apply(q_BLHK), rotary.apply(k_BLGK), v_BLGK,
+                         scale=self.scale, window=window,
+                         segment_ids_BL=segment_ids_BL,
+                         logit_softcap=self.logit_softcap)
+    return self.output(o_BLHK)

@@ -1,0 +1,96 @@
+"""Tests of the attention layer: causality, window, segments, kernels."""
+
+import dataclasses
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import jax.numpy as jnp
+import numpy as np
+
+from maxtext.common.model_config import ModelConfig
+from maxtext.layers import attention
+from maxtext.layers import rope
+
+_L = 12
+_CFG = ModelConfig(family="test", vocab_size=8, num_layers=1, embed_dim=16,
+                   mlp_dim=8, num_heads=4, num_kv_heads=2, head_dim=8,
+                   qk_norm=True, norm_offset=1.0, query_pre_attn_scalar=4.0)
+
+
+def _run(layer, x, window=None, segment_ids=None):
+  positions = np.broadcast_to(np.arange(_L), x.shape[:2])
+  rotary = rope.Rotary.at(positions, rope.inverse_frequencies(8, 10_000.0))
+  return np.asarray(layer(jnp.asarray(x), rotary, window=window,
+                          segment_ids_BL=segment_ids))
+
+
+def _layer(impl="reference"):
+  cfg = dataclasses.replace(_CFG, attention_impl=impl)
+  return attention.Attention(cfg, rngs=nnx.Rngs(0))
+
+
+def _x(seed=0):
+  return np.random.RandomState(seed).normal(size=(2, _L, 16)).astype(
+      np.float32)
+
+
+class AttentionLayerTest(parameterized.TestCase):
+
+  def test_future_tokens_have_no_influence(self):
+    layer, x = _layer(), _x()
+    changed = x.copy()
+    changed[:, 7:] += 3.0
+    out, out_changed = _run(layer, x), _run(layer, changed)
+    np.testing.assert_array_equal(out[:, :7], out_changed[:, :7])
+    self.assertGreater(np.abs(out[:, 7:] - out_changed[:, 7:]).max(), 1e-3)
+
+  @parameterized.parameters("reference", "xla")
+  def test_tokens_beyond_the_window_have_no_influence(self, impl):
+    layer, x, window = _layer(impl), _x(), 4
+    changed = x.copy()
+    changed[:, :_L - window] += 3.0  # Only the last query cannot see these.
+    out = _run(layer, x, window)
+    out_changed = _run(layer, changed, window)
+    np.testing.assert_array_equal(out[:, -1], out_changed[:, -1])
+    # Without the window the last query does see them.
+    self.assertGreater(
+        np.abs(_run(layer, x)[:, -1] - _run(layer, changed)[:, -1]).max(),
+        1e-3)
+
+  def test_other_segments_have_no_influence(self):
+    layer, x = _layer(), _x()
+    segment_ids = np.array([[1] * 5 + [2] * 7, [1] * 12])
+    changed = x.copy()
+    changed[0, :5] += 3.0
+    out = _run(layer, x, segment_ids=segment_ids)
+    out_changed = _run(layer, changed, segment_ids=segment_ids)
+    np.testing.assert_array_equal(out[0, 5:], out_changed[0, 5:])
+    np.testing.assert_array_equal(out[1], out_changed[1])
+
+  @parameterized.parameters(None, 5)
+  def test_kernels_agree(self, window):
+    x = _x(1)
+    segment_ids = np.array([[1] * 6 + [2] * 6, [3] * 12])
+    want = _run(_layer("reference"), x, window, segment_ids)
+    got = _run(_layer("xla"), x, window, segment_ids)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+  def test_parameter_axis_names(self):
+    names = {
+        "/".join(map(str, path)): variable.get_metadata()["out_sharding"]
+        for path, variable in nnx.to_flat_state(
+            nnx.state(_layer(), nnx.Param))
+    }
+    self.assertEqual(names, {
+        "query/kernel": ("embed", "heads", "head_dim"),
+        "key/kernel": ("embed", "kv_heads", "head_dim"),
+        "value/kernel": ("embed", "kv_heads", "head_dim"),
+        "output/kernel": ("heads", "head_dim", "embed"),
+        "query_norm/scale": ("head_dim",),
+        "key_norm/scale": ("head_dim",),
+    })
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,45 @@
+"""`Linear`: a projection between multi-axis feature shapes with named axes.
+
+The kernel has shape `in_shape + out_shape` and logical axis names
+`in_axes + out_axes`; the call contracts the last `len(in_shape)` axes of the
+input. Examples: queries `[D] -> [H, K]`, attention output `[H, K] -> [D]`.
+"""
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from maxtext.common import axes
+
+
+class Linear(nnx.Module):
+  """Bias-free projection `y = x . kernel` over the trailing input axes."""
+
+  def __init__(
+      self,
+      in_shape: Sequence[int],
+      out_shape: Sequence[int],
+      *,
+      in_axes: Sequence[str],
+      out_axes: Sequence[str],
+      dtype: str,
+      param_dtype: str,
+      rngs: nnx.Rngs,
+  ):
+    num_in = len(in_shape)
+    init = nnx.initializers.variance_scaling(
+        1.0, "fan_in", "truncated_normal",
+        in_axis=tuple(range(num_in)),
+        out_axis=tuple(range(num_in, num_in + len(out_shape))))
+    self.kernel = axes.param(
+        init(rngs.params(), (*in_shape, *out_shape), jnp.dtype(param_dtype)),
+        (*in_axes, *out_axes))
+    self.num_in = num_in
+    self.dtype = jnp.dtype(dtype)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return jnp.tensordot(x.astype(self.dtype),
+                         self.kernel[...].astype(self.dtype),
+                         axes=self.num_in)

@@ -1,0 +1,37 @@
+"""Tests of the multi-axis Linear projection."""
+
+from absl.testing import absltest
+from flax import nnx
+import numpy as np
+
+from maxtext.layers import linear
+
+
+class LinearTest(absltest.TestCase):
+
+  def test_contracts_trailing_input_axes(self):
+    layer = linear.Linear((3, 4), (5,), in_axes=("heads", "head_dim"),
+                          out_axes=("embed",), dtype="float32",
+                          param_dtype="float32", rngs=nnx.Rngs(0))
+    x = np.random.RandomState(0).normal(size=(2, 7, 3, 4)).astype(np.float32)
+    kernel = np.asarray(layer.kernel[...])
+    want = x.reshape(2, 7, 12) @ kernel.reshape(12, 5)
+    np.testing.assert_allclose(layer(x), want, rtol=1e-5, atol=1e-6)
+    self.assertEqual(layer.kernel.get_metadata()["out_sharding"],
+                     ("heads", "head_dim", "embed"))
+
+  def test_init_scale_follows_fan_in(self):
+    layer = linear.Linear((256,), (8, 64), in_axes=("embed",),
+                          out_axes=("heads", "head_dim"), dtype="float32",
+                          param_dtype="float32", rngs=nnx.Rngs(0))
+    std = float(np.std(np.asarray(layer.kernel[...])))
+    self.assertAlmostEqual(std, 256**-0.5, delta=0.1 * 256**-0.5)
+
+  def test_axis_names_must_match_shape(self):
+    with self.assertRaisesRegex(ValueError, "do not match"):
+      linear.Linear((3,), (5,), in_axes=("embed",), out_axes=("mlp", "x"),
+                    dtype="float32", param_dtype="float32", rngs=nnx.Rngs(0))
+
+
+if __name__ == "__main__":
+  absltest.main()

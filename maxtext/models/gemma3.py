@@ -1,0 +1,97 @@
+"""Gemma 3 (text decoder): what differs from the generic decoder.
+
+Architecture (set by `configs/gemma3.py`): embeddings scaled by
+sqrt(embed_dim), RMSNorm with `1 + scale`, q/k norm, pre- and post-norms
+around attention and MLP, GELU-tanh gates, five local (sliding window) layers
+per global layer, local rotary base 10k, global base 1M (linearly scaled by 8
+in 4b/12b/27b), tied output head.
+
+This module maps Hugging Face's `Gemma3TextConfig` / `Gemma3ForCausalLM`
+checkpoints onto that model.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+from maxtext.common.model_config import ModelConfig
+from maxtext.models import decoder
+from maxtext.models import hf_params
+
+MODEL_CLASS = decoder.Decoder
+
+HF_PARAMS = hf_params.COMMON_PARAMS
+HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + (
+    hf_params.block_param(("attention", "query_norm", "scale"),
+                          "self_attn.q_norm.weight"),
+    hf_params.block_param(("attention", "key_norm", "scale"),
+                          "self_attn.k_norm.weight"),
+    hf_params.block_param(("post_attention_norm", "scale"),
+                          "post_attention_layernorm.weight"),
+    hf_params.block_param(("pre_mlp_norm", "scale"),
+                          "pre_feedforward_layernorm.weight"),
+    hf_params.block_param(("post_mlp_norm", "scale"),
+                          "post_feedforward_layernorm.weight"),
+)
+
+_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
+
+
+def _global_layer_interval(hf: Mapping[str, Any]) -> int:
+  """Period of the local/global pattern; ValueError if it is not periodic."""
+  if "layer_types" not in hf:
+    return int(hf["sliding_window_pattern"])
+  layer_types = list(hf["layer_types"])
+  if "full_attention" not in layer_types:
+    return 0
+  interval = layer_types.index("full_attention") + 1
+  expected = ["full_attention" if (i + 1) % interval == 0 else
+              "sliding_attention" for i in range(len(layer_types))]
+  if layer_types != expected:
+    raise ValueError(f"Gemma 3 layer_types {layer_types} are not one global "
+                     "layer every N layers.")
+  return interval
+
+
+def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
+  """`ModelConfig` of a Hugging Face Gemma 3 text config.
+
+  Args:
+    hf_config: `Gemma3TextConfig.to_dict()`, or a complete text-decoder
+      `config.json` (legacy keys rope_theta, rope_local_base_freq,
+      rope_scaling and sliding_window_pattern are understood).
+  """
+  hf = hf_config
+  activation = hf["hidden_activation"]
+  if activation not in _ACTIVATIONS:
+    raise ValueError(f"Unsupported Gemma 3 hidden_activation {activation!r}; "
+                     f"supported: {sorted(_ACTIVATIONS)}.")
+  if "rope_parameters" in hf:
+    global_rope = hf["rope_parameters"]["full_attention"]
+    local_theta = hf["rope_parameters"]["sliding_attention"]["rope_theta"]
+  else:
+    global_rope = {**(hf["rope_scaling"] or {}), "rope_theta": hf["rope_theta"]}
+    local_theta = hf["rope_local_base_freq"]
+  return ModelConfig(
+      family="gemma3",
+      vocab_size=hf["vocab_size"],
+      num_layers=hf["num_hidden_layers"],
+      embed_dim=hf["hidden_size"],
+      mlp_dim=hf["intermediate_size"],
+      num_heads=hf["num_attention_heads"],
+      num_kv_heads=hf["num_key_value_heads"],
+      head_dim=hf["head_dim"],
+      tie_embeddings=hf.get("tie_word_embeddings", True),
+      norm_eps=hf["rms_norm_eps"],
+      norm_offset=1.0,
+      post_norms=True,
+      qk_norm=True,
+      scale_embeddings=True,
+      rope_local_theta=float(local_theta),
+      sliding_window=hf["sliding_window"] or 0,
+      global_layer_interval=_global_layer_interval(hf),
+      query_pre_attn_scalar=hf["query_pre_attn_scalar"],
+      attn_logit_softcap=hf["attn_logit_softcapping"] or 0.0,
+      final_logit_softcap=hf["final_logit_softcapping"] or 0.0,
+      mlp_activation=_ACTIVATIONS[activation],
+      **hf_params.rope_fields(global_rope),
+  )

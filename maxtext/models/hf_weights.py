@@ -1,0 +1,115 @@
+"""Hugging Face weights <-> our decoder, for every family and both layouts.
+
+`load_hf_weights(model, state_dict)` copies a Hugging Face state dict (name ->
+numpy array, e.g. from safetensors) into a model built by
+`registry.create_model`; `to_hf_weights(model)` is the inverse. Names and
+layouts come from the family's `HF_PARAMS` (whole-model parameters) and
+`HF_BLOCK_PARAMS` (per layer, "{layer}" in the name); both the scanned
+layout (parameters stacked over layers) and the unscanned one (a list of
+blocks) are handled here.
+"""
+
+from collections.abc import Iterator, Mapping
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from maxtext.models import hf_params
+from maxtext.models import registry
+
+
+def _variable(node, path: tuple[str, ...]) -> nnx.Variable | None:
+  """The variable at `path` under `node`; None if the model has none there."""
+  for name in path:
+    node = getattr(node, name, None)
+    if node is None:
+      return None
+  return node
+
+
+def _entries(model: nnx.Module) -> Iterator[
+    tuple[hf_params.ParamMap, nnx.Variable, int | None]]:
+  """(entry, variable, layer) for each parameter of `model` with a HF name.
+
+  `layer` is None for whole-model parameters and for stacked (scanned)
+  per-layer parameters, whose leading axis is the layer.
+  """
+  family = registry.family_module(model.cfg.family)
+  for entry in family.HF_PARAMS:
+    variable = _variable(model, entry.path)
+    if variable is not None:
+      yield entry, variable, None
+  if model.cfg.scan_layers:
+    blocks = [(model.blocks, None)]
+  else:
+    blocks = [(block, layer) for layer, block in enumerate(model.blocks)]
+  for entry in family.HF_BLOCK_PARAMS:
+    for block, layer in blocks:
+      variable = _variable(block, entry.path)
+      if variable is not None:
+        yield entry, variable, layer
+
+
+def _names(entry: hf_params.ParamMap, num_layers: int) -> list[str]:
+  if "{layer}" in entry.hf_name:
+    return [entry.hf_name.format(layer=i) for i in range(num_layers)]
+  return [entry.hf_name]
+
+
+def load_hf_weights(model: nnx.Module,
+                    state_dict: Mapping[str, np.ndarray]) -> None:
+  """Overwrites `model`'s parameters with Hugging Face weights, in place.
+
+  Args:
+    model: A model from `registry.create_model`.
+    state_dict: Hugging Face parameter name -> array.
+
+  Raises:
+    KeyError: a weight the model needs is missing.
+    ValueError: a weight has the wrong size, or the state dict has weights
+      the model has no place for.
+  """
+  used = set()
+
+  def fetch(entry, name, shape):
+    if name not in state_dict:
+      raise KeyError(f"Hugging Face weight {name!r} is missing (needed for "
+                     f"{'.'.join(entry.path)}).")
+    used.add(name)
+    return entry.to_ours(np.asarray(state_dict[name]), shape)
+
+  num_layers = model.cfg.num_layers
+  for entry, variable, layer in _entries(model):
+    if layer is not None:
+      value = fetch(entry, entry.hf_name.format(layer=layer), variable.shape)
+    elif "{layer}" in entry.hf_name:
+      value = np.stack([fetch(entry, name, variable.shape[1:])
+                        for name in _names(entry, num_layers)])
+    else:
+      value = fetch(entry, entry.hf_name, variable.shape)
+    variable[...] = jnp.asarray(value, variable.dtype)
+  family = registry.family_module(model.cfg.family)
+  known = {entry.hf_name for entry in family.HF_PARAMS}
+  # Weights of parameters this configuration lacks (a tied model's lm_head)
+  # are ignored; anything else left over means a mapping is missing.
+  unexpected = sorted(set(state_dict) - used - known)
+  if unexpected:
+    raise ValueError(f"Hugging Face weights with no place in the "
+                     f"{model.cfg.family} model: {unexpected}.")
+
+
+def to_hf_weights(model: nnx.Module) -> dict[str, np.ndarray]:
+  """Returns `model`'s parameters as a Hugging Face state dict (numpy)."""
+  state_dict = {}
+  num_layers = model.cfg.num_layers
+  for entry, variable, layer in _entries(model):
+    array = np.asarray(variable[...])
+    if layer is not None:
+      state_dict[entry.hf_name.format(layer=layer)] = entry.to_hf(array)
+    elif "{layer}" in entry.hf_name:
+      for name, layer_array in zip(_names(entry, num_layers), array):
+        state_dict[name] = entry.to_hf(layer_array)
+    else:
+      state_dict[entry.hf_name] = entry.to_hf(array)
+  return state_dict

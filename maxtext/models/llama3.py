@@ -1,0 +1,60 @@
+"""Llama 3, 3.1 and 3.2: what differs from the generic decoder.
+
+Architecture (set by `configs/llama3.py`): pre-norm blocks, SiLU gates,
+GQA, rotary base 500k ("llama3" frequency scaling from 3.1 on), untied
+output head except in the 3.2 1B/3B models.
+
+This module maps Hugging Face's `LlamaConfig` / `LlamaForCausalLM`
+checkpoints onto that model.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+from maxtext.common.model_config import ModelConfig
+from maxtext.models import decoder
+from maxtext.models import hf_params
+
+MODEL_CLASS = decoder.Decoder
+
+HF_PARAMS = hf_params.COMMON_PARAMS
+# Llama's "post_attention_layernorm" normalises the MLP input.
+HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + (
+    hf_params.block_param(("pre_mlp_norm", "scale"),
+                          "post_attention_layernorm.weight"),
+)
+
+
+def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
+  """`ModelConfig` of a Hugging Face Llama config.
+
+  Args:
+    hf_config: `LlamaConfig.to_dict()` or a Llama `config.json` (legacy keys
+      rope_theta and rope_scaling are understood).
+  """
+  hf = hf_config
+  for unsupported in ("attention_bias", "mlp_bias"):
+    if hf.get(unsupported):
+      raise ValueError(f"Llama {unsupported}=True is not supported.")
+  if hf["hidden_act"] != "silu":
+    raise ValueError(f"Unsupported Llama hidden_act {hf['hidden_act']!r}; "
+                     "supported: 'silu'.")
+  if "rope_parameters" in hf:
+    rope = hf["rope_parameters"]
+  else:
+    rope = {**(hf["rope_scaling"] or {}), "rope_theta": hf["rope_theta"]}
+  num_heads = hf["num_attention_heads"]
+  return ModelConfig(
+      family="llama3",
+      vocab_size=hf["vocab_size"],
+      num_layers=hf["num_hidden_layers"],
+      embed_dim=hf["hidden_size"],
+      mlp_dim=hf["intermediate_size"],
+      num_heads=num_heads,
+      num_kv_heads=hf["num_key_value_heads"],
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+      tie_embeddings=hf["tie_word_embeddings"],
+      norm_eps=hf["rms_norm_eps"],
+      mlp_activation="silu",
+      **hf_params.rope_fields(rope),
+  )

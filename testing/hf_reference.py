@@ -1,0 +1,63 @@
+"""Test helper: our logits vs Hugging Face transformers' on the same weights.
+
+Test-only (imports torch); library code never imports this module.
+"""
+
+import dataclasses
+
+from flax import nnx
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from maxtext.common.model_config import ModelConfig
+from maxtext.models import hf_weights
+from maxtext.models import registry
+
+
+def random_hf_model(model_class, hf_config, *, norm_mean: float,
+                    seed: int = 0, std: float = 0.1) -> torch.nn.Module:
+  """A float32 Hugging Face model with random parameters.
+
+  Args:
+    model_class: e.g. `transformers.LlamaForCausalLM`.
+    hf_config: Its config.
+    norm_mean: Mean of the norm weights (1-D parameters): 1.0 where the norm
+      multiplies by the weight, 0.0 where by `1 + weight` (Gemma).
+    seed: torch seed.
+    std: Standard deviation of every parameter.
+  """
+  torch.manual_seed(seed)
+  model = model_class(hf_config).float().eval()
+  with torch.no_grad():
+    for parameter in model.parameters():
+      parameter.normal_(norm_mean if parameter.ndim == 1 else 0.0, std)
+  return model
+
+
+def state_dict(hf_model: torch.nn.Module) -> dict[str, np.ndarray]:
+  return {name: tensor.numpy() for name, tensor in
+          hf_model.state_dict().items()}
+
+
+def max_logit_diff(hf_model: torch.nn.Module, cfg: ModelConfig,
+                   tokens_BL: np.ndarray, **overrides) -> float:
+  """Largest |our logit - HF logit| with HF weights loaded into our model.
+
+  Args:
+    hf_model: From `random_hf_model`.
+    cfg: Our config of the same architecture (`model_config_from_hf`).
+    tokens_BL: Token ids.
+    **overrides: ModelConfig fields to change (scan_layers, attention_impl).
+  """
+  cfg = dataclasses.replace(cfg, **overrides)
+  model = registry.create_model(cfg, rngs=nnx.Rngs(0))
+  hf_weights.load_hf_weights(model, state_dict(hf_model))
+  logits = nnx.jit(lambda m, t: m(t))(model, jnp.asarray(tokens_BL))
+  with torch.no_grad():
+    want = hf_model(torch.tensor(tokens_BL)).logits.numpy()
+  assert logits.dtype == jnp.float32 and logits.shape == want.shape
+  diff = float(np.abs(np.asarray(logits) - want).max())
+  print(f"{cfg.family} {overrides}: max |logit diff| = {diff:.3g} "
+        f"(max |logit| {np.abs(want).max():.3g})")
+  return diff
