@@ -7,11 +7,19 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from configs import common
+from configs import gemma
+from configs import gemma2
 from configs import gemma3
+from configs import llama2
 from configs import llama3
+from configs import mistral
+from configs import qwen2_5
+from configs import qwen3
 from maxtext.common.model_config import ModelConfig
 
-_FAMILIES = {"gemma3": gemma3, "llama3": llama3}
+_FAMILIES = {"gemma": gemma, "gemma2": gemma2, "gemma3": gemma3,
+             "llama2": llama2, "llama3": llama3, "mistral": mistral,
+             "qwen2_5": qwen2_5, "qwen3": qwen3}
 _VARIANTS = [(family, variant) for family, module in _FAMILIES.items()
              for variant in (None, *module.VARIANTS)]
 
@@ -43,11 +51,46 @@ class ConfigsTest(parameterized.TestCase):
 
   @parameterized.parameters(*_FAMILIES)
   def test_unknown_variant_lists_valid_ones(self, family):
-    with self.assertRaisesRegex(ValueError, r"'7b'.*valid variants.*small"):
-      _FAMILIES[family].get_config("7b")
+    with self.assertRaisesRegex(ValueError, r"'1t'.*valid variants.*small"):
+      _FAMILIES[family].get_config("1t")
 
-  def test_llama_query_scale_follows_head_dim_override(self):
-    config = llama3.get_config()
+  def test_gemma2_alternates_local_and_global_layers(self):
+    cfg = ModelConfig.from_dict(gemma2.get_config("2b").model)
+    self.assertEqual(cfg.layer_windows()[:4], (4096, None, 4096, None))
+    self.assertEqual(cfg.rope_local_theta, cfg.rope_theta)
+    self.assertEqual((cfg.attn_logit_softcap, cfg.final_logit_softcap),
+                     (50.0, 30.0))
+    self.assertEqual(ModelConfig.from_dict(gemma2.get_config().model)
+                     .layer_windows(), (64, None) * 3)
+
+  def test_mistral_window_applies_to_every_layer(self):
+    cfg = ModelConfig.from_dict(mistral.get_config("7b").model)
+    self.assertEqual(cfg.layer_windows(), (4096,) * 32)
+    self.assertEqual(cfg.rope_local_theta, cfg.rope_theta)
+    cfg = ModelConfig.from_dict(mistral.get_config("v0.3-7b").model)
+    self.assertEqual(cfg.layer_windows(), (None,) * 32)
+    self.assertEqual((cfg.vocab_size, cfg.rope_theta), (32_768, 1e6))
+
+  def test_mistral_local_rotary_follows_rope_theta_override(self):
+    config = mistral.get_config()
+    config.model.rope_theta = 1e6
+    self.assertEqual(ModelConfig.from_dict(config.model).rope_local_theta, 1e6)
+
+  @parameterized.parameters(
+      ("qwen2_5", "0.5b", True), ("qwen2_5", "3b", True),
+      ("qwen2_5", "7b", False), ("qwen2_5", "72b", False),
+      ("qwen3", "0.6b", True), ("qwen3", "4b", True), ("qwen3", "8b", False),
+      ("qwen3", "32b", False))
+  def test_qwen_ties_embeddings_of_small_variants(self, family, variant,
+                                                  tied):
+    cfg = ModelConfig.from_dict(_FAMILIES[family].get_config(variant).model)
+    self.assertEqual(cfg.tie_embeddings, tied)
+    self.assertEqual(cfg.qkv_bias, family == "qwen2_5")
+    self.assertEqual(cfg.qk_norm, family == "qwen3")
+
+  @parameterized.parameters(llama2, llama3, mistral, gemma, qwen2_5, qwen3)
+  def test_query_scale_follows_head_dim_override(self, module):
+    config = module.get_config()
     config.model.head_dim = 32
     cfg = ModelConfig.from_dict(config.model)
     self.assertEqual(cfg.query_scale, 32**-0.5)

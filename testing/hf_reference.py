@@ -40,6 +40,31 @@ def state_dict(hf_model: torch.nn.Module) -> dict[str, np.ndarray]:
           hf_model.state_dict().items()}
 
 
+def assert_round_trip(hf_model: torch.nn.Module, cfg: ModelConfig,
+                      **overrides) -> None:
+  """HF weights -> our model -> `to_hf_weights` gives them back bit for bit.
+
+  A tied model's `lm_head.weight` (the embedding again) is not exported.
+
+  Args:
+    hf_model: From `random_hf_model`.
+    cfg: Our config of the same architecture (`model_config_from_hf`).
+    **overrides: ModelConfig fields to change (scan_layers).
+  """
+  cfg = dataclasses.replace(cfg, **overrides)
+  want = state_dict(hf_model)
+  if cfg.tie_embeddings:
+    np.testing.assert_array_equal(want.pop("lm_head.weight"),
+                                  want["model.embed_tokens.weight"])
+  model = registry.create_model(cfg, rngs=nnx.Rngs(0))
+  hf_weights.load_hf_weights(model, want)
+  got = hf_weights.to_hf_weights(model)
+  assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
+  for name, array in want.items():
+    assert got[name].dtype == array.dtype, name
+    np.testing.assert_array_equal(got[name], array, err_msg=name)
+
+
 def max_logit_diff(hf_model: torch.nn.Module, cfg: ModelConfig,
                    tokens_BL: np.ndarray, **overrides) -> float:
   """Largest |our logit - HF logit| with HF weights loaded into our model.

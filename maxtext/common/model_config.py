@@ -54,6 +54,8 @@ class ModelConfig:
     post_norms: Also normalise the outputs of attention and MLP before the
       residual add (Gemma 2/3 "sandwich" norms).
     qk_norm: RMSNorm over the head dim of queries and keys.
+    qkv_bias: The query, key and value projections add a bias (Qwen 2.5);
+      the output projection never has one.
     scale_embeddings: Multiply token embeddings by sqrt(embed_dim).
     rope_theta: Rotary base of global layers.
     rope_local_theta: Rotary base of local (sliding window) layers.
@@ -92,6 +94,7 @@ class ModelConfig:
   norm_offset: float = 0.0
   post_norms: bool = False
   qk_norm: bool = False
+  qkv_bias: bool = False
   scale_embeddings: bool = False
   rope_theta: float = 10_000.0
   rope_local_theta: float = 10_000.0
@@ -138,7 +141,7 @@ class ModelConfig:
     if self.head_dim % 2:
       _fail("head_dim", self.head_dim, "must be even (rotary embeddings)")
     for name in ("tie_embeddings", "scan_layers", "post_norms", "qk_norm",
-                 "scale_embeddings"):
+                 "qkv_bias", "scale_embeddings"):
       if not isinstance(getattr(self, name), bool):
         _fail(name, getattr(self, name), "must be True or False")
     for name, valid in (("dtype", DTYPES), ("param_dtype", DTYPES),

@@ -49,6 +49,7 @@ class ModelConfigTest(parameterized.TestCase):
       ("window_never_used", dict(sliding_window=4),
        "global_layer_interval=1", "every layer global"),
       ("bool", dict(scan_layers=1), "scan_layers=1", "True or False"),
+      ("bias_bool", dict(qkv_bias="yes"), "qkv_bias='yes'", "True or False"),
       ("softcap_xla", dict(attention_impl="xla", attn_logit_softcap=50.0),
        "attention_impl='xla'", "soft-cap"),
       ("query_scalar", dict(query_pre_attn_scalar=-1.0),

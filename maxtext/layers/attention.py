@@ -16,22 +16,26 @@ from maxtext.layers import rope
 
 
 class Attention(nnx.Module):
-  """q/k/v projections -> (q/k norm) -> rotary -> causal attention -> output."""
+  """q/k/v projections -> (q/k norm) -> rotary -> causal attention -> output.
+
+  With `cfg.qkv_bias` the q/k/v projections (not the output) add a bias.
+  """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    def project(in_shape, out_shape, in_axes, out_axes):
+    def project(in_shape, out_shape, in_axes, out_axes, use_bias=False):
       return linear.Linear(in_shape, out_shape, in_axes=in_axes,
                            out_axes=out_axes, dtype=cfg.dtype,
-                           param_dtype=cfg.param_dtype, rngs=rngs)
+                           param_dtype=cfg.param_dtype, rngs=rngs,
+                           use_bias=use_bias)
 
     heads = (cfg.num_heads, cfg.head_dim)
     kv_heads = (cfg.num_kv_heads, cfg.head_dim)
     self.query = project((cfg.embed_dim,), heads, (axes.EMBED,),
-                         (axes.HEADS, axes.HEAD_DIM))
+                         (axes.HEADS, axes.HEAD_DIM), cfg.qkv_bias)
     self.key = project((cfg.embed_dim,), kv_heads, (axes.EMBED,),
-                       (axes.KV_HEADS, axes.HEAD_DIM))
+                       (axes.KV_HEADS, axes.HEAD_DIM), cfg.qkv_bias)
     self.value = project((cfg.embed_dim,), kv_heads, (axes.EMBED,),
-                         (axes.KV_HEADS, axes.HEAD_DIM))
+                         (axes.KV_HEADS, axes.HEAD_DIM), cfg.qkv_bias)
     self.output = project(heads, (cfg.embed_dim,), (axes.HEADS, axes.HEAD_DIM),
                           (axes.EMBED,))
     if cfg.qk_norm:

@@ -25,8 +25,8 @@ def _run(layer, x, window=None, segment_ids=None):
                           segment_ids_BL=segment_ids))
 
 
-def _layer(impl="reference"):
-  cfg = dataclasses.replace(_CFG, attention_impl=impl)
+def _layer(impl="reference", **changes):
+  cfg = dataclasses.replace(_CFG, attention_impl=impl, **changes)
   return attention.Attention(cfg, rngs=nnx.Rngs(0))
 
 
@@ -90,6 +90,22 @@ class AttentionLayerTest(parameterized.TestCase):
         "query_norm/scale": ("head_dim",),
         "key_norm/scale": ("head_dim",),
     })
+
+  def test_qkv_bias_is_on_query_key_value_only(self):
+    layer = _layer(qkv_bias=True)
+    self.assertEqual(layer.query.bias.shape, (4, 8))
+    self.assertEqual(layer.key.bias.get_metadata()["out_sharding"],
+                     ("kv_heads", "head_dim"))
+    self.assertEqual(layer.value.bias.shape, (2, 8))
+    self.assertIsNone(layer.output.bias)
+    # A value bias shifts every output by the same vector (probabilities sum
+    # to one), so the output changes by output(bias) at every position.
+    without = _run(layer, _x())
+    layer.value.bias[...] = np.ones((2, 8), np.float32)
+    shift = _run(layer, _x()) - without
+    np.testing.assert_allclose(shift, np.broadcast_to(shift[:1, :1],
+                                                      shift.shape), atol=1e-5)
+    self.assertGreater(np.abs(shift).max(), 1e-3)
 
 
 if __name__ == "__main__":

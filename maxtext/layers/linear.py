@@ -3,6 +3,7 @@
 The kernel has shape `in_shape + out_shape` and logical axis names
 `in_axes + out_axes`; the call contracts the last `len(in_shape)` axes of the
 input. Examples: queries `[D] -> [H, K]`, attention output `[H, K] -> [D]`.
+An optional bias has shape `out_shape` and axis names `out_axes`.
 """
 
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from maxtext.common import axes
 
 
 class Linear(nnx.Module):
-  """Bias-free projection `y = x . kernel` over the trailing input axes."""
+  """Projection `y = x . kernel (+ bias)` over the trailing input axes."""
 
   def __init__(
       self,
@@ -27,6 +28,7 @@ class Linear(nnx.Module):
       dtype: str,
       param_dtype: str,
       rngs: nnx.Rngs,
+      use_bias: bool = False,
   ):
     num_in = len(in_shape)
     init = nnx.initializers.variance_scaling(
@@ -36,10 +38,17 @@ class Linear(nnx.Module):
     self.kernel = axes.param(
         init(rngs.params(), (*in_shape, *out_shape), jnp.dtype(param_dtype)),
         (*in_axes, *out_axes))
+    if use_bias:
+      self.bias = axes.param(
+          jnp.zeros(tuple(out_shape), jnp.dtype(param_dtype)), tuple(out_axes))
+    else:
+      self.bias = None
     self.num_in = num_in
     self.dtype = jnp.dtype(dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    return jnp.tensordot(x.astype(self.dtype),
-                         self.kernel[...].astype(self.dtype),
-                         axes=self.num_in)
+    y = jnp.tensordot(x.astype(self.dtype), self.kernel[...].astype(self.dtype),
+                      axes=self.num_in)
+    if self.bias is not None:
+      y = y + self.bias[...].astype(self.dtype)
+    return y

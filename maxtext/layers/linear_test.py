@@ -27,6 +27,26 @@ class LinearTest(absltest.TestCase):
     std = float(np.std(np.asarray(layer.kernel[...])))
     self.assertAlmostEqual(std, 256**-0.5, delta=0.1 * 256**-0.5)
 
+  def test_bias_is_added_and_named_by_output_axes(self):
+    layer = linear.Linear((4,), (3, 2), in_axes=("embed",),
+                          out_axes=("heads", "head_dim"), dtype="float32",
+                          param_dtype="float32", rngs=nnx.Rngs(0),
+                          use_bias=True)
+    np.testing.assert_array_equal(layer.bias[...], np.zeros((3, 2)))
+    layer.bias[...] = np.arange(6, dtype=np.float32).reshape(3, 2)
+    x = np.random.RandomState(0).normal(size=(2, 4)).astype(np.float32)
+    kernel = np.asarray(layer.kernel[...])
+    want = np.einsum("bd,dhk->bhk", x, kernel) + layer.bias[...]
+    np.testing.assert_allclose(layer(x), want, rtol=1e-5, atol=1e-6)
+    self.assertEqual(layer.bias.get_metadata()["out_sharding"],
+                     ("heads", "head_dim"))
+
+  def test_no_bias_by_default(self):
+    layer = linear.Linear((4,), (3,), in_axes=("embed",), out_axes=("mlp",),
+                          dtype="float32", param_dtype="float32",
+                          rngs=nnx.Rngs(0))
+    self.assertIsNone(layer.bias)
+
   def test_axis_names_must_match_shape(self):
     with self.assertRaisesRegex(ValueError, "do not match"):
       linear.Linear((3,), (5,), in_axes=("embed",), out_axes=("mlp", "x"),

@@ -20,18 +20,8 @@ from maxtext.models import hf_params
 MODEL_CLASS = decoder.Decoder
 
 HF_PARAMS = hf_params.COMMON_PARAMS
-HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + (
-    hf_params.block_param(("attention", "query_norm", "scale"),
-                          "self_attn.q_norm.weight"),
-    hf_params.block_param(("attention", "key_norm", "scale"),
-                          "self_attn.k_norm.weight"),
-    hf_params.block_param(("post_attention_norm", "scale"),
-                          "post_attention_layernorm.weight"),
-    hf_params.block_param(("pre_mlp_norm", "scale"),
-                          "pre_feedforward_layernorm.weight"),
-    hf_params.block_param(("post_mlp_norm", "scale"),
-                          "post_feedforward_layernorm.weight"),
-)
+HF_BLOCK_PARAMS = (hf_params.COMMON_BLOCK_PARAMS + hf_params.QK_NORMS +
+                   hf_params.SANDWICH_NORMS)
 
 _ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
@@ -40,16 +30,7 @@ def _global_layer_interval(hf: Mapping[str, Any]) -> int:
   """Period of the local/global pattern; ValueError if it is not periodic."""
   if "layer_types" not in hf:
     return int(hf["sliding_window_pattern"])
-  layer_types = list(hf["layer_types"])
-  if "full_attention" not in layer_types:
-    return 0
-  interval = layer_types.index("full_attention") + 1
-  expected = ["full_attention" if (i + 1) % interval == 0 else
-              "sliding_attention" for i in range(len(layer_types))]
-  if layer_types != expected:
-    raise ValueError(f"Gemma 3 layer_types {layer_types} are not one global "
-                     "layer every N layers.")
-  return interval
+  return hf_params.global_layer_interval(hf["layer_types"])
 
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:

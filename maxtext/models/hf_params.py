@@ -2,9 +2,11 @@
 
 A model family lists one `ParamMap` per parameter: the parameter's path in
 our model, its Hugging Face name and how the layouts differ. The generic
-loader/exporter (`maxtext.models.hf_weights`) reads these lists; this module
-also turns Hugging Face rotary settings into `ModelConfig` fields, which every
-family's `model_config_from_hf` shares.
+loader/exporter (`maxtext.models.hf_weights`) reads these lists. This module
+also holds the entries several families share (norms, q/k norms, q/k/v
+biases) and turns the Hugging Face config keys the Llama-style families share
+(sizes, rotary settings, the local/global layer pattern) into `ModelConfig`
+fields for each family's `model_config_from_hf`.
 """
 
 import dataclasses
@@ -23,14 +25,18 @@ class ParamMap:
     path: Attribute path in our model (for per-layer entries, inside a block,
       e.g. ("attention", "query", "kernel")).
     hf_name: Hugging Face name; per-layer entries contain "{layer}".
-    in_ndim: 0: the arrays are identical. n > 0: our kernel's first n axes
-      are its inputs and Hugging Face stores the transpose of the
-      [prod(inputs), prod(outputs)] matrix (a torch `Linear` weight).
+    in_ndim: 0: the arrays are identical (up to `flatten`). n > 0: our
+      kernel's first n axes are its inputs and Hugging Face stores the
+      transpose of the [prod(inputs), prod(outputs)] matrix (a torch
+      `Linear` weight).
+    flatten: Hugging Face stores the array flattened to one axis (a torch
+      `Linear` bias of our [heads, head_dim] bias).
   """
 
   path: tuple[str, ...]
   hf_name: str
   in_ndim: int = 0
+  flatten: bool = False
 
   def to_ours(self, hf_array: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     """Hugging Face array -> our layout of `shape`."""
@@ -46,6 +52,8 @@ class ParamMap:
     """Our array -> Hugging Face layout."""
     if self.in_ndim:
       return array.reshape(math.prod(array.shape[:self.in_ndim]), -1).T
+    if self.flatten:
+      return array.reshape(-1)
     return array
 
 
@@ -73,6 +81,61 @@ def rope_fields(rope: Mapping[str, Any]) -> dict[str, Any]:
     fields["rope_original_max_length"] = int(
         rope["original_max_position_embeddings"])
   return fields
+
+
+def rope_dict(hf: Mapping[str, Any]) -> Mapping[str, Any]:
+  """The rope dict of a Hugging Face config with one set of rotary settings.
+
+  `rope_parameters` (transformers >= 5), or the legacy `config.json` keys
+  `rope_scaling` merged with `rope_theta`.
+  """
+  if hf.get("rope_parameters"):
+    return hf["rope_parameters"]
+  return {**(hf.get("rope_scaling") or {}), "rope_theta": hf["rope_theta"]}
+
+
+def decoder_fields(hf: Mapping[str, Any], *,
+                   tie_embeddings_default: bool) -> dict[str, Any]:
+  """`ModelConfig` sizes, norm epsilon and rotary fields of a HF config.
+
+  Shared by the Llama-style configs (Llama, Mistral, Gemma, Qwen): keys
+  vocab_size, num_hidden_layers, hidden_size, intermediate_size,
+  num_attention_heads, num_key_value_heads, head_dim (absent or None means
+  hidden_size // num_attention_heads), tie_word_embeddings (absent means
+  `tie_embeddings_default`), rms_norm_eps and the rope keys of `rope_dict`.
+  """
+  num_heads = hf["num_attention_heads"]
+  return dict(
+      vocab_size=hf["vocab_size"],
+      num_layers=hf["num_hidden_layers"],
+      embed_dim=hf["hidden_size"],
+      mlp_dim=hf["intermediate_size"],
+      num_heads=num_heads,
+      num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+      tie_embeddings=hf.get("tie_word_embeddings", tie_embeddings_default),
+      norm_eps=hf["rms_norm_eps"],
+      **rope_fields(rope_dict(hf)),
+  )
+
+
+def global_layer_interval(layer_types: Sequence[str]) -> int:
+  """`ModelConfig.global_layer_interval` of Hugging Face `layer_types`.
+
+  Raises:
+    ValueError: the layers are not one "full_attention" layer every N, the
+      others "sliding_attention".
+  """
+  layer_types = list(layer_types)
+  if "full_attention" not in layer_types:
+    return 0
+  interval = layer_types.index("full_attention") + 1
+  expected = ["full_attention" if (i + 1) % interval == 0 else
+              "sliding_attention" for i in range(len(layer_types))]
+  if layer_types != expected:
+    raise ValueError(f"layer_types {layer_types} are not one global layer "
+                     "every N layers.")
+  return interval
 
 
 def _block(hf_suffix: str) -> str:
@@ -103,6 +166,34 @@ COMMON_BLOCK_PARAMS = (
 )
 
 
-def block_param(path: tuple[str, ...], hf_suffix: str) -> ParamMap:
-  """A per-layer identity-layout entry, e.g. a norm scale."""
-  return ParamMap(path, _block(hf_suffix))
+def block_param(path: tuple[str, ...], hf_suffix: str, *,
+                flatten: bool = False) -> ParamMap:
+  """A per-layer entry without a transpose, e.g. a norm scale or a bias."""
+  return ParamMap(path, _block(hf_suffix), flatten=flatten)
+
+
+# Llama's "post_attention_layernorm" normalises the MLP input (so do Mistral,
+# Gemma 1 and Qwen); Gemma 2 and 3 name it "pre_feedforward_layernorm".
+PRE_MLP_NORM = block_param(("pre_mlp_norm", "scale"),
+                           "post_attention_layernorm.weight")
+# Gemma 2 and 3 normalise both block inputs and both block outputs.
+SANDWICH_NORMS = (
+    block_param(("post_attention_norm", "scale"),
+                "post_attention_layernorm.weight"),
+    block_param(("pre_mlp_norm", "scale"), "pre_feedforward_layernorm.weight"),
+    block_param(("post_mlp_norm", "scale"),
+                "post_feedforward_layernorm.weight"),
+)
+QK_NORMS = (
+    block_param(("attention", "query_norm", "scale"),
+                "self_attn.q_norm.weight"),
+    block_param(("attention", "key_norm", "scale"), "self_attn.k_norm.weight"),
+)
+QKV_BIASES = (
+    block_param(("attention", "query", "bias"), "self_attn.q_proj.bias",
+                flatten=True),
+    block_param(("attention", "key", "bias"), "self_attn.k_proj.bias",
+                flatten=True),
+    block_param(("attention", "value", "bias"), "self_attn.v_proj.bias",
+                flatten=True),
+)

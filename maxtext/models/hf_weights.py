@@ -7,6 +7,14 @@ layouts come from the family's `HF_PARAMS` (whole-model parameters) and
 `HF_BLOCK_PARAMS` (per layer, "{layer}" in the name); both the scanned
 layout (parameters stacked over layers) and the unscanned one (a list of
 blocks) are handled here.
+
+The loader takes numpy arrays of any floating dtype (float16, bfloat16,
+float32, float64) and casts them to each parameter's dtype; torch tensors are
+converted by the caller (`tensor.float().numpy()` for bfloat16, which numpy
+lacks). Multimodal checkpoints (Gemma 3 `*ForConditionalGeneration`) load
+their text decoder: names under `model.language_model.` (transformers >= 4.52)
+or `language_model.` (earlier) are renamed to the text-only names, and the
+other weights (vision tower, projector) are ignored.
 """
 
 from collections.abc import Iterator, Mapping
@@ -57,19 +65,72 @@ def _names(entry: hf_params.ParamMap, num_layers: int) -> list[str]:
   return [entry.hf_name]
 
 
+# Prefixes of a multimodal checkpoint's text decoder -> text-only prefix.
+_LANGUAGE_MODEL_PREFIXES = (
+    ("model.language_model.", "model."),
+    ("language_model.", ""),
+)
+
+
+def _text_decoder_weights(
+    state_dict: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """`state_dict` with text-only names; a multimodal one loses its vision.
+
+  Raises:
+    ValueError: two names map to the same text-only name.
+  """
+  renamed = {}
+  for name in state_dict:
+    for prefix, replacement in _LANGUAGE_MODEL_PREFIXES:
+      if name.startswith(prefix):
+        renamed[name] = replacement + name[len(prefix):]
+        break
+  if not renamed:
+    return dict(state_dict)
+  # Multimodal: keep the language model and the output head only.
+  keep = {name: renamed.get(name, name) for name in state_dict
+          if name in renamed or name == "lm_head.weight"}
+  text = {}
+  for name, text_name in keep.items():
+    if text_name in text:
+      raise ValueError(f"Hugging Face weights {name!r} and another weight "
+                       f"both map to {text_name!r}.")
+    text[text_name] = state_dict[name]
+  return text
+
+
+def _float_array(name: str, value) -> np.ndarray:
+  """`value` as a numpy array; TypeError unless it is floating point."""
+  try:
+    array = np.asarray(value)
+  except (TypeError, RuntimeError) as error:
+    raise TypeError(
+        f"Hugging Face weight {name!r} ({type(value).__name__}) is not a "
+        "numpy array; convert torch tensors with tensor.float().numpy() "
+        f"({error}).") from error
+  if not jnp.issubdtype(array.dtype, jnp.floating):
+    raise TypeError(f"Hugging Face weight {name!r} has dtype {array.dtype}; "
+                    "expected a floating-point array.")
+  return array
+
+
 def load_hf_weights(model: nnx.Module,
                     state_dict: Mapping[str, np.ndarray]) -> None:
   """Overwrites `model`'s parameters with Hugging Face weights, in place.
 
   Args:
     model: A model from `registry.create_model`.
-    state_dict: Hugging Face parameter name -> array.
+    state_dict: Hugging Face parameter name -> numpy array of any floating
+      dtype (cast to the parameter's dtype). Names of a multimodal
+      checkpoint's language model are understood (see module docstring).
 
   Raises:
     KeyError: a weight the model needs is missing.
+    TypeError: a weight is not a floating-point numpy array.
     ValueError: a weight has the wrong size, or the state dict has weights
       the model has no place for.
   """
+  state_dict = _text_decoder_weights(state_dict)
   used = set()
 
   def fetch(entry, name, shape):
@@ -77,7 +138,7 @@ def load_hf_weights(model: nnx.Module,
       raise KeyError(f"Hugging Face weight {name!r} is missing (needed for "
                      f"{'.'.join(entry.path)}).")
     used.add(name)
-    return entry.to_ours(np.asarray(state_dict[name]), shape)
+    return entry.to_ours(_float_array(name, state_dict[name]), shape)
 
   num_layers = model.cfg.num_layers
   for entry, variable, layer in _entries(model):

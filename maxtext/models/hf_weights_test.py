@@ -4,6 +4,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from maxtext.common.model_config import ModelConfig
@@ -17,11 +18,13 @@ _CONFIGS = {
                           post_norms=True, qk_norm=True, sliding_window=4,
                           global_layer_interval=2),
     "llama3": ModelConfig(family="llama3", **_SIZES, tie_embeddings=False),
+    "qwen2_5": ModelConfig(family="qwen2_5", **_SIZES, qkv_bias=True),
 }
 
 
-def _model(family, scan_layers, seed=0):
-  cfg = ModelConfig(**{**vars(_CONFIGS[family]), "scan_layers": scan_layers})
+def _model(family, scan_layers, seed=0, **changes):
+  cfg = ModelConfig(**{**vars(_CONFIGS[family]), "scan_layers": scan_layers,
+                       **changes})
   return registry.create_model(cfg, rngs=nnx.Rngs(seed))
 
 
@@ -84,6 +87,78 @@ class HfWeightsTest(parameterized.TestCase):
     state_dict["model.layers.0.mlp.up_proj.weight"] = np.zeros((3, 16))
     with self.assertRaisesRegex(ValueError, "up_proj.*does not fit"):
       hf_weights.load_hf_weights(_model("llama3", True), state_dict)
+
+  def test_biases_are_flat_in_hugging_face(self):
+    model = _model("qwen2_5", scan_layers=True)
+    state_dict = hf_weights.to_hf_weights(model)
+    self.assertEqual(state_dict["model.layers.1.self_attn.q_proj.bias"].shape,
+                     (32,))
+    self.assertEqual(state_dict["model.layers.1.self_attn.k_proj.bias"].shape,
+                     (16,))
+    self.assertNotIn("model.layers.1.self_attn.o_proj.bias", state_dict)
+
+  @parameterized.product(
+      hf_dtype=(np.float16, jnp.bfloat16, np.float32, np.float64),
+      param_dtype=("float32", "bfloat16"))
+  def test_any_float_dtype_is_cast_to_the_parameter_dtype(self, hf_dtype,
+                                                          param_dtype):
+    # Values representable in float16 and bfloat16 (multiples of 1/64 below
+    # 4), so every cast is exact and loaded == source.
+    source = _model("llama3", True, seed=0, param_dtype=param_dtype)
+    source_state = nnx.state(source, nnx.Param)
+    rounded = jax.tree.map(
+        lambda a: (np.round(np.asarray(a, np.float32) * 64) / 64).clip(-3, 3),
+        source_state)
+    nnx.update(source, rounded)
+    state_dict = {name: array.astype(hf_dtype) for name, array in
+                  hf_weights.to_hf_weights(source).items()}
+    target = _model("llama3", True, seed=1, param_dtype=param_dtype)
+    hf_weights.load_hf_weights(target, state_dict)
+    for want, got in zip(jax.tree.leaves(nnx.state(source, nnx.Param)),
+                         jax.tree.leaves(nnx.state(target, nnx.Param))):
+      self.assertEqual(got.dtype, np.dtype(param_dtype))
+      np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                    np.asarray(want, np.float32))
+
+  def test_non_float_weight_is_rejected(self):
+    state_dict = hf_weights.to_hf_weights(_model("llama3", True))
+    state_dict["model.norm.weight"] = np.ones(16, np.int32)
+    with self.assertRaisesRegex(TypeError, "model.norm.weight.*int32"):
+      hf_weights.load_hf_weights(_model("llama3", True), state_dict)
+
+  @parameterized.parameters(
+      # transformers >= 4.52: Gemma3ForConditionalGeneration.
+      dict(prefix="model.language_model.", head="lm_head.weight",
+           vision=("model.vision_tower.vision_model.post_layernorm.weight",
+                   "model.multi_modal_projector.mm_input_projection_weight")),
+      # Earlier checkpoints (e.g. google/gemma-3-4b-pt on the Hub).
+      dict(prefix="language_model.model.", head="language_model.lm_head.weight",
+           vision=("vision_tower.vision_model.post_layernorm.weight",
+                   "multi_modal_projector.mm_soft_emb_norm.weight")),
+  )
+  def test_multimodal_checkpoint_loads_its_text_decoder(self, prefix, head,
+                                                        vision):
+    source = _model("gemma3", True, seed=0)
+    text = hf_weights.to_hf_weights(source)
+    state_dict = {prefix + name[len("model."):]: array
+                  for name, array in text.items()}
+    state_dict[head] = text["model.embed_tokens.weight"]
+    for name in vision:
+      state_dict[name] = np.ones(4, np.float32)
+    target = _model("gemma3", True, seed=1)
+    hf_weights.load_hf_weights(target, state_dict)
+    jax.tree.map(np.testing.assert_array_equal,
+                 nnx.state(source, nnx.Param), nnx.state(target, nnx.Param))
+
+  def test_two_names_of_one_weight_clash(self):
+    text = hf_weights.to_hf_weights(_model("gemma3", True))
+    state_dict = {"language_model." + name: array
+                  for name, array in text.items()}
+    state_dict["language_model.lm_head.weight"] = text[
+        "model.embed_tokens.weight"]
+    state_dict["lm_head.weight"] = text["model.embed_tokens.weight"]
+    with self.assertRaisesRegex(ValueError, "both map to 'lm_head.weight'"):
+      hf_weights.load_hf_weights(_model("gemma3", True), state_dict)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,7 @@ from maxtext.models import hf_params
 MODEL_CLASS = decoder.Decoder
 
 HF_PARAMS = hf_params.COMMON_PARAMS
-# Llama's "post_attention_layernorm" normalises the MLP input.
-HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + (
-    hf_params.block_param(("pre_mlp_norm", "scale"),
-                          "post_attention_layernorm.weight"),
-)
+HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + (hf_params.PRE_MLP_NORM,)
 
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
@@ -39,22 +35,8 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   if hf["hidden_act"] != "silu":
     raise ValueError(f"Unsupported Llama hidden_act {hf['hidden_act']!r}; "
                      "supported: 'silu'.")
-  if "rope_parameters" in hf:
-    rope = hf["rope_parameters"]
-  else:
-    rope = {**(hf["rope_scaling"] or {}), "rope_theta": hf["rope_theta"]}
-  num_heads = hf["num_attention_heads"]
   return ModelConfig(
       family="llama3",
-      vocab_size=hf["vocab_size"],
-      num_layers=hf["num_hidden_layers"],
-      embed_dim=hf["hidden_size"],
-      mlp_dim=hf["intermediate_size"],
-      num_heads=num_heads,
-      num_kv_heads=hf["num_key_value_heads"],
-      head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
-      tie_embeddings=hf["tie_word_embeddings"],
-      norm_eps=hf["rms_norm_eps"],
       mlp_activation="silu",
-      **hf_params.rope_fields(rope),
+      **hf_params.decoder_fields(hf, tie_embeddings_default=False),
   )

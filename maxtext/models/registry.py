@@ -13,12 +13,24 @@ import types
 from flax import nnx
 
 from maxtext.common.model_config import ModelConfig
+from maxtext.models import gemma
+from maxtext.models import gemma2
 from maxtext.models import gemma3
+from maxtext.models import llama2
 from maxtext.models import llama3
+from maxtext.models import mistral
+from maxtext.models import qwen2_5
+from maxtext.models import qwen3
 
 FAMILIES: dict[str, types.ModuleType] = {
+    "gemma": gemma,
+    "gemma2": gemma2,
     "gemma3": gemma3,
+    "llama2": llama2,
     "llama3": llama3,
+    "mistral": mistral,
+    "qwen2_5": qwen2_5,
+    "qwen3": qwen3,
 }
 
 

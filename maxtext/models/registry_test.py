@@ -25,7 +25,9 @@ class RegistryTest(parameterized.TestCase):
 
   def test_unknown_family_lists_valid_ones(self):
     cfg = ModelConfig(family="gpt9", **_SIZES)
-    with self.assertRaisesRegex(ValueError, r"'gpt9'.*\['gemma3', 'llama3'\]"):
+    with self.assertRaisesRegex(
+        ValueError, r"'gpt9'.*\['gemma', 'gemma2', 'gemma3', 'llama2', "
+        r"'llama3', 'mistral', 'qwen2_5', 'qwen3'\]"):
       registry.create_model(cfg, rngs=nnx.Rngs(0))
 
 
