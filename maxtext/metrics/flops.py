@@ -1,0 +1,87 @@
+"""Training FLOPs per token and peak FLOP/s per device (for MFU).
+
+Training FLOPs per token = 6 * (matmul parameters) + attention FLOPs, where
+6 = 2 (multiply-add) * 3 (forward + two backward matmuls).
+
+Matmul parameters per layer (D embed, H heads, G kv heads, K head dim,
+F mlp dim, V vocab): attention projections D*H*K (query) + 2*D*G*K (key,
+value) + H*K*D (output), gated MLP 3*D*F; plus the output head D*V once (tied
+or not: the head is a matmul, the embedding lookup is not). Norm scales are
+not matmuls.
+
+Attention (scores Q.K and the weighted sum P.V): 2 * 2 * H * K FLOPs per
+attended key in the forward pass, 3x that for training, so
+12 * H * K * (mean keys attended per query) per layer. A causal layer over a
+row of L tokens attends on average (L + 1) / 2 keys (the causal halving); a
+sliding-window layer of window w < L attends min(i + 1, w) keys at position
+i, on average w - w * (w - 1) / (2 * L). Windows come from
+`ModelConfig.layer_windows()`.
+"""
+
+import re
+
+import jax
+
+from maxtext.common.model_config import ModelConfig
+
+# Dense bf16 peak FLOP/s per chip, matched against `device.device_kind` in
+# order (first regex that matches wins). Sources: vendor datasheets (dense,
+# no sparsity). Unknown kinds, including CPUs, have no peak: MFU is n/a.
+PEAK_FLOPS_BY_DEVICE_KIND = (
+    (r"TPU v4", 275e12),
+    (r"TPU v5 ?lite|TPU v5e", 197e12),
+    (r"TPU v5p|TPU v5", 459e12),
+    (r"TPU v6 ?lite|TPU v6e", 918e12),
+    (r"B200", 2250e12),
+    (r"H200", 989e12),
+    (r"H100 PCIe", 756e12),
+    (r"H100", 989e12),
+    (r"A100", 312e12),
+)
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+  """Parameters used in matmuls by one token, output head included."""
+  attention = cfg.embed_dim * cfg.head_dim * (
+      2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+  mlp = 3 * cfg.embed_dim * cfg.mlp_dim
+  head = cfg.embed_dim * cfg.vocab_size
+  return cfg.num_layers * (attention + mlp) + head
+
+
+def mean_attended_keys(window: int | None, seq_len: int) -> float:
+  """Mean number of keys a query attends to in a causal row of `seq_len`."""
+  if window is None or window >= seq_len:
+    return (seq_len + 1) / 2
+  return window - window * (window - 1) / (2 * seq_len)
+
+
+def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+  """Training FLOPs of attention scores and values, per token."""
+  return sum(12 * cfg.num_heads * cfg.head_dim *
+             mean_attended_keys(window, seq_len)
+             for window in cfg.layer_windows())
+
+
+def training_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+  """Forward + backward FLOPs per trained token at sequence length seq_len."""
+  return 6 * matmul_params(cfg) + attention_flops_per_token(cfg, seq_len)
+
+
+def peak_flops_per_device(device_kind: str | None = None,
+                          override: float = 0.0) -> float:
+  """Peak dense bf16 FLOP/s of one device; 0.0 when unknown (MFU is n/a).
+
+  Args:
+    device_kind: `jax.Device.device_kind`; None means the first device's.
+    override: A positive value is returned as is
+      (`config.logging.peak_flops_per_device`).
+  """
+  if override > 0:
+    return float(override)
+  if device_kind is None:
+    device_kind = jax.devices()[0].device_kind
+  for pattern, peak in PEAK_FLOPS_BY_DEVICE_KIND:
+    if re.search(pattern, device_kind, flags=re.IGNORECASE):
+      return peak
+  return 0.0

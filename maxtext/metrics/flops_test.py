@@ -1,0 +1,71 @@
+"""Tests for maxtext.metrics.flops against hand counts."""
+
+from absl.testing import absltest
+from flax import nnx
+import jax
+import numpy as np
+
+from maxtext.common.model_config import ModelConfig
+from maxtext.metrics import flops
+from maxtext.models import registry
+
+
+def _tiny(**overrides) -> ModelConfig:
+  values = dict(family="gemma3", vocab_size=10, num_layers=2, embed_dim=4,
+                mlp_dim=8, num_heads=2, num_kv_heads=1, head_dim=2,
+                sliding_window=2, global_layer_interval=2)
+  values.update(overrides)
+  return ModelConfig(**values)
+
+
+class FlopsTest(absltest.TestCase):
+
+  def test_hand_count(self):
+    cfg = _tiny()  # Layer 0 local (window 2), layer 1 global.
+    # Per layer: query 4*2*2 + key 4*1*2 + value 4*1*2 + output 2*2*4 = 48,
+    # MLP 3*4*8 = 96; two layers = 288; head 4*10 = 40.
+    self.assertEqual(flops.matmul_params(cfg), 328)
+    # seq_len 4: the global layer attends 1, 2, 3, 4 keys (mean 2.5), the
+    # window-2 layer 1, 2, 2, 2 (mean 1.75); 12 * H * K = 48 per key.
+    self.assertAlmostEqual(flops.attention_flops_per_token(cfg, 4),
+                           48 * (2.5 + 1.75))
+    self.assertAlmostEqual(flops.training_flops_per_token(cfg, 4),
+                           6 * 328 + 48 * 4.25)
+
+  def test_mean_attended_keys_matches_a_mask_count(self):
+    for seq_len in (1, 5, 16):
+      for window in (None, 1, 3, 16, 40):
+        i = np.arange(seq_len)[:, None]
+        j = np.arange(seq_len)[None, :]
+        mask = j <= i
+        if window is not None:
+          mask &= j > i - window
+        self.assertAlmostEqual(flops.mean_attended_keys(window, seq_len),
+                               mask.sum() / seq_len, msg=(window, seq_len))
+
+  def test_matmul_params_match_the_model(self):
+    for tie in (True, False):
+      cfg = _tiny(tie_embeddings=tie)
+      params = nnx.to_pure_dict(nnx.state(
+          registry.create_model(cfg, rngs=nnx.Rngs(0)), nnx.Param))
+      kernels = sum(
+          leaf.size for path, leaf in
+          jax.tree_util.tree_leaves_with_path(params)
+          if path[-1].key == "kernel")
+      head = 0 if not tie else cfg.embed_dim * cfg.vocab_size
+      self.assertEqual(flops.matmul_params(cfg), kernels + head)
+
+  def test_peak_flops_table(self):
+    self.assertEqual(flops.peak_flops_per_device("TPU v5 lite"), 197e12)
+    self.assertEqual(flops.peak_flops_per_device("TPU v5"), 459e12)
+    self.assertEqual(flops.peak_flops_per_device("TPU v6 lite"), 918e12)
+    self.assertEqual(flops.peak_flops_per_device("NVIDIA H100 80GB HBM3"),
+                     989e12)
+    self.assertEqual(flops.peak_flops_per_device("NVIDIA H100 PCIe"), 756e12)
+    self.assertEqual(flops.peak_flops_per_device("NVIDIA H200"), 989e12)
+    self.assertEqual(flops.peak_flops_per_device("cpu"), 0.0)
+    self.assertEqual(flops.peak_flops_per_device("cpu", override=1e12), 1e12)
+
+
+if __name__ == "__main__":
+  absltest.main()

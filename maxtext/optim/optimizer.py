@@ -1,0 +1,141 @@
+"""AdamW with warmup + cosine decay, global-norm clipping and a decay mask.
+
+Learning rate at update `s` (0-based), with peak `lr`, `W = warmup_steps`,
+`T = decay_steps` (the update at which decay ends; -1 means the run's total
+number of updates) and `r = end_learning_rate_ratio`:
+
+  s <  W:      lr * (s + 1) / W          (linear warmup; update 0 is not wasted)
+  W <= s < T:  lr * (r + (1 - r) * (1 + cos(pi * (s - W) / (T - W))) / 2)
+  s >= T:      lr * r
+
+(When T <= W the rate is `lr * r` from update W on.)
+
+Weight decay is decoupled (AdamW: `p -= lr * weight_decay * p`) and applies
+to matmul kernels and the embedding table (embeddings decay like weights):
+every parameter of two or more dimensions whose leaf name is not `scale` or
+`bias`. Norm scales and biases are not decayed: pulling them towards zero
+changes the function's normalisation rather than limiting its capacity. The
+name test keeps layer-stacked (scanned) norm scales, which are 2-D, undecayed.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+# Leaf names that are never decayed, whatever their rank.
+NO_DECAY_NAMES = ("scale", "bias")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+  """The `optimizer` config section.
+
+  Attributes:
+    learning_rate: Peak learning rate.
+    warmup_steps: Updates of linear warmup.
+    decay_steps: Update at which the cosine decay ends; -1 means the run's
+      total number of updates (`train.steps`).
+    end_learning_rate_ratio: Final learning rate over the peak.
+    b1: Adam first-moment decay.
+    b2: Adam second-moment decay.
+    eps: Adam denominator epsilon.
+    weight_decay: Decoupled weight decay (multiplied by the learning rate).
+    grad_clip_norm: Clip gradients to this global norm; 0 turns clipping off.
+    z_loss: Weight of the z-loss `log(Z)^2` added by the train step.
+  """
+
+  learning_rate: float
+  warmup_steps: int
+  decay_steps: int
+  end_learning_rate_ratio: float
+  b1: float
+  b2: float
+  eps: float
+  weight_decay: float
+  grad_clip_norm: float
+  z_loss: float
+
+  def __post_init__(self):
+    def check(name, ok, requirement):
+      if not ok:
+        raise ValueError(
+            f"optimizer.{name}={getattr(self, name)!r} is invalid: it must be"
+            f" {requirement}.")
+
+    check("learning_rate", self.learning_rate > 0, "positive")
+    check("warmup_steps", self.warmup_steps >= 0, ">= 0")
+    check("decay_steps", self.decay_steps == -1 or self.decay_steps > 0,
+          "positive, or -1 for the run's length")
+    check("end_learning_rate_ratio", 0 <= self.end_learning_rate_ratio <= 1,
+          "in [0, 1]")
+    check("b1", 0 <= self.b1 < 1, "in [0, 1)")
+    check("b2", 0 <= self.b2 < 1, "in [0, 1)")
+    check("eps", self.eps > 0, "positive")
+    check("weight_decay", self.weight_decay >= 0, ">= 0")
+    check("grad_clip_norm", self.grad_clip_norm >= 0, ">= 0 (0 is off)")
+    check("z_loss", self.z_loss >= 0, ">= 0 (0 is off)")
+
+
+def learning_rate_schedule(config: OptimizerConfig,
+                           total_steps: int) -> optax.Schedule:
+  """The schedule of the module docstring, as a jittable function of step."""
+  peak = config.learning_rate
+  warmup = config.warmup_steps
+  decay_end = total_steps if config.decay_steps == -1 else config.decay_steps
+  ratio = config.end_learning_rate_ratio
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    warm = peak * (step + 1.0) / max(warmup, 1)
+    if decay_end > warmup:
+      progress = jnp.clip((step - warmup) / (decay_end - warmup), 0.0, 1.0)
+    else:
+      progress = jnp.ones_like(step)
+    cosine = peak * (ratio + (1.0 - ratio) * 0.5 *
+                     (1.0 + jnp.cos(math.pi * progress)))
+    return jnp.where(step < warmup, warm, cosine)
+
+  return schedule
+
+
+def _leaf_name(path) -> str:
+  last = path[-1] if path else None
+  for attr in ("key", "name"):
+    if hasattr(last, attr):
+      return str(getattr(last, attr))
+  return str(last)
+
+
+def weight_decay_mask(params):
+  """True for parameters that get weight decay (see the module docstring)."""
+  def decays(path, leaf) -> bool:
+    if _leaf_name(path) in NO_DECAY_NAMES:
+      return False
+    return jnp.ndim(leaf) >= 2
+
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make_optimizer(config: OptimizerConfig,
+                   total_steps: int) -> optax.GradientTransformation:
+  """Clip-by-global-norm then AdamW with the schedule and the decay mask.
+
+  Args:
+    config: The optimizer section.
+    total_steps: The run's number of updates (resolves `decay_steps=-1`).
+
+  Returns:
+    The optax transformation; its updates are added to the parameters.
+  """
+  transforms = []
+  if config.grad_clip_norm > 0:
+    transforms.append(optax.clip_by_global_norm(config.grad_clip_norm))
+  transforms.append(optax.adamw(
+      learning_rate=learning_rate_schedule(config, total_steps),
+      b1=config.b1, b2=config.b2, eps=config.eps,
+      weight_decay=config.weight_decay, mask=weight_decay_mask))
+  return optax.chain(*transforms)
+

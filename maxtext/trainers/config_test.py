@@ -1,0 +1,63 @@
+"""Tests for maxtext.trainers.config."""
+
+from absl.testing import absltest
+
+from configs import gemma3
+from configs import llama3
+from maxtext.trainers import config as config_lib
+
+
+class ExperimentConfigTest(absltest.TestCase):
+
+  def test_family_configs_build(self):
+    for module in (gemma3, llama3):
+      experiment = config_lib.ExperimentConfig.from_config_dict(
+          module.get_config())
+      self.assertEqual(experiment.train.steps,
+                       module.get_config().train.steps)
+      self.assertGreater(experiment.model.vocab_size, 0)
+
+  def test_unknown_key_names_the_key_and_the_valid_keys(self):
+    config = gemma3.get_config()
+    config.unlock()
+    config.optimizer.lr = 1e-3
+    with self.assertRaisesRegex(
+        ValueError, r"Unknown config key 'optimizer.lr'; valid keys of"
+        r" 'optimizer': \[.*'learning_rate'"):
+      config_lib.ExperimentConfig.from_config_dict(config)
+
+  def test_unknown_model_key(self):
+    config = gemma3.get_config()
+    config.model.num_experts = 8
+    with self.assertRaisesRegex(ValueError, "'model.num_experts'.*vocab_size"):
+      config_lib.ExperimentConfig.from_config_dict(config)
+
+  def test_unknown_and_missing_sections(self):
+    config = gemma3.get_config().to_dict()
+    config["evaluation"] = {}
+    with self.assertRaisesRegex(ValueError, r"\['evaluation'\]; valid"):
+      config_lib.ExperimentConfig.from_config_dict(config)
+    del config["evaluation"]
+    del config["logging"]
+    with self.assertRaisesRegex(ValueError, r"Missing.*\['logging'\]"):
+      config_lib.ExperimentConfig.from_config_dict(config)
+
+  def test_missing_key_is_named(self):
+    config = gemma3.get_config().to_dict()
+    del config["train"]["seed"]
+    with self.assertRaisesRegex(ValueError, "'train.seed'"):
+      config_lib.ExperimentConfig.from_config_dict(config)
+
+  def test_invalid_value_is_named(self):
+    config = gemma3.get_config()
+    config.train.steps = 0
+    with self.assertRaisesRegex(ValueError, "train.steps=0"):
+      config_lib.ExperimentConfig.from_config_dict(config)
+    config = gemma3.get_config()
+    config.logging.every_steps = 0
+    with self.assertRaisesRegex(ValueError, "logging.every_steps=0"):
+      config_lib.ExperimentConfig.from_config_dict(config)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,171 @@
+"""The standard hooks of the training loop: metrics, checkpoints, profiler."""
+
+from collections.abc import Mapping
+import dataclasses
+import math
+import os
+import time
+from typing import Any
+
+from absl import logging
+import jax
+
+from maxtext.checkpoint import manager as checkpoint_lib
+from maxtext.metrics import writers as writers_lib
+from maxtext.trainers import loop
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Throughput:
+  """What converts step time into throughput figures.
+
+  Attributes:
+    tokens_per_step: Tokens in one global batch.
+    num_devices: Devices sharing the work.
+    flops_per_token: Training FLOPs per token.
+    peak_flops_per_device: Peak FLOP/s of one device; 0 if unknown.
+  """
+
+  tokens_per_step: int
+  num_devices: int
+  flops_per_token: float
+  peak_flops_per_device: float
+
+  def metrics(self, step_time_s: float) -> dict[str, float | None]:
+    """`perf/*` figures for one update taking `step_time_s` seconds."""
+    tokens_per_s = self.tokens_per_step / step_time_s / self.num_devices
+    flops_per_s = tokens_per_s * self.flops_per_token
+    mfu = (flops_per_s / self.peak_flops_per_device
+           if self.peak_flops_per_device > 0 else None)
+    return {
+        "perf/step_time_s": step_time_s,
+        "perf/tokens_per_s_per_device": tokens_per_s,
+        "perf/tflops_per_s_per_device": flops_per_s / 1e12,
+        "perf/mfu": mfu,
+    }
+
+
+class MetricsHook(loop.Hook):
+  """Writes train, gradient and performance metrics every `every` updates.
+
+  Also writes the first update of the run and the last one. Performance
+  figures average over the updates since the previous write.
+  """
+
+  def __init__(self, writer: writers_lib.MetricWriter, *, every: int,
+               total_steps: int, throughput: Throughput):
+    self.every = every
+    self.writer = writer
+    self.total_steps = total_steps
+    self.throughput = throughput
+    self._first_step = None
+    self._last = None  # (step, time) of the previous write.
+    self.last_metrics: dict[str, float | None] = {}
+
+  def on_begin(self, step: int, state: Any) -> None:
+    self._first_step = step + 1
+    self._last = (step, time.perf_counter())
+
+  def on_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+    if not (self.due(step) or step in (self._first_step, self.total_steps)):
+      return
+    now = time.perf_counter()
+    last_step, last_time = self._last
+    self._last = (step, now)
+    step_time = (now - last_time) / max(step - last_step, 1)
+    loss = metrics["train/loss"]
+    out = {"train/loss": loss,
+           "train/perplexity": math.exp(min(loss, 700.0))}
+    out.update(metrics)
+    out.update(self.throughput.metrics(step_time))
+    out["perf/eta_s"] = step_time * (self.total_steps - step)
+    self.writer.write(step, out)
+    self.last_metrics = out
+
+  def on_end(self, step: int, state: Any) -> None:
+    self.writer.flush()
+
+  def close(self) -> None:
+    self.writer.close()
+
+
+class CheckpointHook(loop.Hook):
+  """Saves a checkpoint every `every` updates and at the end of the run.
+
+  The data position saved with it is the number of updates done: the input
+  pipeline's batch index of the next update.
+  """
+
+  def __init__(self, checkpointer: checkpoint_lib.Checkpointer, *, every: int,
+               data_state: Mapping[str, Any]):
+    self.every = every
+    self.checkpointer = checkpointer
+    self.data_state = dict(data_state)
+
+  def _save(self, step: int, state: Any) -> None:
+    self.checkpointer.save(step, state.checkpoint_tree(),
+                           {**self.data_state, "next_step": step})
+
+  def needs_metrics_before(self, step: int) -> bool:
+    return self.due(step)  # Never save a state whose loss is not finite.
+
+  def after_step(self, step: int, state: Any) -> None:
+    if self.due(step):
+      self._save(step, state)
+
+  def on_end(self, step: int, state: Any) -> None:
+    self._save(step, state)
+    self.checkpointer.wait()
+    logging.info("Checkpoint of step %d in %s.", step,
+                 self.checkpointer.step_path(step))
+
+  def close(self) -> None:
+    self.checkpointer.close()
+
+
+class ProfilerHook(loop.Hook):
+  """Traces updates [start_step, start_step + num_steps) (0-based) with
+  `jax.profiler` into `logdir` (open with TensorBoard's profile plugin or
+  Perfetto)."""
+
+  def __init__(self, logdir: str, *, start_step: int, num_steps: int):
+    self.logdir = logdir
+    self.start_step = start_step
+    self.stop_step = start_step + num_steps
+    self._active = False
+
+  def on_begin(self, step: int, state: Any) -> None:
+    if step == self.start_step:
+      self._start()
+
+  def after_step(self, step: int, state: Any) -> None:
+    if step == self.start_step and not self._active:
+      self._start()
+    elif step == self.stop_step and self._active:
+      jax.block_until_ready(state)
+      self._stop()
+
+  def _start(self) -> None:
+    os.makedirs(self.logdir, exist_ok=True)
+    jax.profiler.start_trace(self.logdir)
+    self._active = True
+    logging.info("Profiler started; trace goes to %s.", self.logdir)
+
+  def _stop(self) -> None:
+    jax.profiler.stop_trace()
+    self._active = False
+    logging.info("Profiler stopped; trace in %s.", self.logdir)
+
+  def close(self) -> None:
+    if self._active:
+      self._stop()
+
+
+class StopAtStep(loop.Hook):
+  """Ends the run after update `step` (as if preempted, with a checkpoint)."""
+
+  def __init__(self, step: int):
+    self.step = step
+
+  def should_stop(self, step: int) -> bool:
+    return step >= self.step

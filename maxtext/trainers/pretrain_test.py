@@ -1,0 +1,122 @@
+"""End-to-end tests of maxtext.trainers.pretrain with a tiny Gemma 3."""
+
+import glob
+import json
+import os
+
+from absl.testing import absltest
+import jax
+import numpy as np
+
+from configs import gemma3
+from maxtext.checkpoint import manager as checkpoint_lib
+from maxtext.metrics import writers
+from maxtext.trainers import hooks as hooks_lib
+from maxtext.trainers import pretrain
+from maxtext.trainers import workdir as workdir_lib
+
+_TEXT = """\
+Now is the winter of our discontent
+Made glorious summer by this sun of York;
+And all the clouds that lour'd upon our house
+In the deep bosom of the ocean buried.
+"""
+
+
+def _tiny_config(text_file: str, *, steps: int):
+  """The real gemma3 config, shrunk to train in seconds on one CPU core."""
+  config = gemma3.get_config()
+  config.model.update(dict(num_layers=2, embed_dim=32, mlp_dim=64,
+                           num_heads=2, num_kv_heads=1, head_dim=16,
+                           query_pre_attn_scalar=16.0, sliding_window=8,
+                           global_layer_interval=2))
+  config.data.text_files = text_file
+  config.data.seq_len = 16
+  config.train.steps = steps
+  config.train.batch_size = 4
+  config.optimizer.learning_rate = 1e-2
+  config.optimizer.warmup_steps = 2
+  config.checkpoint.every_steps = 3
+  config.logging.every_steps = 1
+  return config
+
+
+class PretrainTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.text_file = self.create_tempfile("richard3.txt",
+                                          content=_TEXT * 4).full_path
+    self.root = self.create_tempdir().full_path
+
+  def test_training_reduces_loss_and_fills_the_workdir(self):
+    workdir = os.path.join(self.root, "run")
+    result = pretrain.train(_tiny_config(self.text_file, steps=25), workdir)
+    self.assertEqual(result.step, 25)
+    losses = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    self.assertEqual(sorted(losses), list(range(1, 26)))
+    first, last = losses[1]["train/loss"], losses[25]["train/loss"]
+    self.assertLess(last, 0.5 * first)
+    for key in ("train/perplexity", "train/learning_rate",
+                "grads/global_norm", "perf/step_time_s",
+                "perf/tokens_per_s_per_device",
+                "perf/tflops_per_s_per_device", "perf/eta_s"):
+      self.assertIn(key, losses[25])
+    self.assertEqual(int(result.state.step), 25)
+    with open(os.path.join(workdir, "config.json")) as f:
+      self.assertEqual(json.load(f)["train"]["steps"], 25)
+    self.assertNotEmpty(glob.glob(os.path.join(workdir, "tensorboard",
+                                               "events.out.tfevents.*")))
+    self.assertEqual(
+        sorted(os.listdir(os.path.join(workdir, "checkpoints"))),
+        ["21", "24", "25"])
+
+  def test_resumed_run_equals_uninterrupted_run(self):
+    steps = 7
+    straight = pretrain.train(_tiny_config(self.text_file, steps=steps),
+                              os.path.join(self.root, "straight"))
+    resumed_dir = os.path.join(self.root, "resumed")
+    first = pretrain.train(_tiny_config(self.text_file, steps=steps),
+                           resumed_dir, hooks=[hooks_lib.StopAtStep(4)])
+    self.assertEqual(first.step, 4)
+    resumed = pretrain.train(_tiny_config(self.text_file, steps=steps),
+                             resumed_dir)
+    self.assertEqual(resumed.step, steps)
+
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params,
+                 straight.state.params)
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.opt_state,
+                 straight.state.opt_state)
+    straight_metrics = writers.read_jsonl(
+        os.path.join(self.root, "straight", "metrics.jsonl"))
+    resumed_metrics = writers.read_jsonl(
+        os.path.join(resumed_dir, "metrics.jsonl"))
+    for step in range(1, steps + 1):
+      for key in ("train/loss", "grads/global_norm", "train/learning_rate"):
+        self.assertEqual(resumed_metrics[step][key],
+                         straight_metrics[step][key], (step, key))
+
+  def test_corrupt_latest_checkpoint_is_named(self):
+    workdir = os.path.join(self.root, "corrupt")
+    pretrain.train(_tiny_config(self.text_file, steps=2), workdir)
+    state_dir = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRNAME, "2",
+                             checkpoint_lib.STATE_ITEM)
+    for path in glob.glob(os.path.join(state_dir, "**", "*"), recursive=True):
+      if os.path.isfile(path) and "commit_success" not in path:
+        with open(path, "wb") as f:
+          f.write(b"\0")
+    with self.assertRaisesRegex(checkpoint_lib.CheckpointError,
+                                os.path.join(workdir, "checkpoints", "2")):
+      pretrain.train(_tiny_config(self.text_file, steps=4), workdir)
+
+  def test_nan_loss_stops_naming_the_step(self):
+    config = _tiny_config(self.text_file, steps=6)
+    config.optimizer.learning_rate = 1e30
+    config.optimizer.grad_clip_norm = 0.0
+    config.optimizer.warmup_steps = 0
+    with self.assertRaisesRegex(FloatingPointError, r"at step \d"):
+      pretrain.train(config, os.path.join(self.root, "nan"))
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,150 @@
+"""Tests for maxtext.trainers.train_step and train_state."""
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from configs import gemma3
+from maxtext.common.model_config import ModelConfig
+from maxtext.optim import optimizer
+from maxtext.sharding import mesh as mesh_lib
+from maxtext.trainers import train_state as train_state_lib
+from maxtext.trainers import train_step as train_step_lib
+
+
+def _numpy_cross_entropy(logits, targets, mask):
+  logits = logits.astype(np.float64)
+  top = logits.max(-1, keepdims=True)
+  log_z = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
+  target_logit = np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+  weight = mask.astype(np.float64)
+  return (((log_z - target_logit) * weight).sum() / weight.sum(),
+          (log_z**2 * weight).sum() / weight.sum())
+
+
+def _tiny_model_config() -> ModelConfig:
+  values = gemma3.get_config().model.to_dict()
+  values.update(vocab_size=64, num_layers=2, embed_dim=16, mlp_dim=32,
+                num_heads=2, num_kv_heads=1, head_dim=8,
+                query_pre_attn_scalar=8.0, sliding_window=4,
+                global_layer_interval=2)
+  return ModelConfig(**values)
+
+
+def _state(z_loss=0.0):
+  opt_values = gemma3.get_config().optimizer.to_dict()
+  opt_values.update(learning_rate=1e-2, warmup_steps=2, z_loss=z_loss)
+  opt_config = optimizer.OptimizerConfig(**opt_values)
+  the_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(data=-1, fsdp=1,
+                                                    tensor=1))
+  return train_state_lib.create_train_state(
+      _tiny_model_config(), seed=0,
+      tx=optimizer.make_optimizer(opt_config, total_steps=10),
+      schedule=optimizer.learning_rate_schedule(opt_config, total_steps=10),
+      z_loss=z_loss, mesh=the_mesh)
+
+
+def _batch():
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 64, size=(2, 9), dtype=np.int32)
+  mask = np.ones((2, 8), np.int32)
+  mask[1, 5:] = 0
+  return {"inputs": jnp.asarray(tokens[:, :-1]),
+          "targets": jnp.asarray(tokens[:, 1:]), "mask": jnp.asarray(mask)}
+
+
+class CrossEntropyTest(absltest.TestCase):
+
+  def test_matches_numpy(self):
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(3, 5, 11)).astype(np.float32) * 4
+    targets = rng.integers(0, 11, size=(3, 5))
+    mask = rng.integers(0, 2, size=(3, 5))
+    mask[0, 0] = 1
+    loss, z_term = train_step_lib.cross_entropy(jnp.asarray(logits),
+                                                jnp.asarray(targets),
+                                                jnp.asarray(mask))
+    want_loss, want_z = _numpy_cross_entropy(logits, targets, mask)
+    self.assertAlmostEqual(float(loss), want_loss, places=4)
+    self.assertAlmostEqual(float(z_term), want_z, places=3)
+
+  def test_masked_targets_do_not_count(self):
+    logits = jnp.zeros((1, 2, 4)).at[0, 1, 0].set(100.0)
+    loss, _ = train_step_lib.cross_entropy(logits, jnp.array([[1, 1]]),
+                                           jnp.array([[1, 0]]))
+    self.assertAlmostEqual(float(loss), np.log(4), places=5)
+    empty, _ = train_step_lib.cross_entropy(logits, jnp.array([[1, 1]]),
+                                            jnp.array([[0, 0]]))
+    self.assertEqual(float(empty), 0.0)
+
+
+class TrainStepTest(absltest.TestCase):
+
+  def _reference(self, state, batch, z_loss):
+    """Loss, z-term and gradient norm computed directly from the model."""
+    params = jax.tree.map(jnp.copy, state.params)
+
+    def objective(params):
+      logits = state.replace(params=params).model()(batch["inputs"])
+      loss, z_term = _log_softmax_cross_entropy(logits, batch)
+      return loss + z_loss * z_term, (loss, z_term)
+
+    (_, (loss, z_term)), grads = jax.jit(
+        jax.value_and_grad(objective, has_aux=True))(params)
+    return float(loss), float(z_term), float(optax.tree.norm(grads)), params
+
+  def test_one_step(self):
+    z_loss = 0.5  # Large enough to change the gradient norm visibly.
+    state, batch = _state(z_loss), _batch()
+    want_loss, z_term, want_norm, params_before = self._reference(
+        state, batch, z_loss)
+    *_, norm_without_z, _ = self._reference(state, batch, 0.0)
+    self.assertGreater(abs(want_norm - norm_without_z), 1e-3)
+    new_state, metrics = train_step_lib.train_step(state, batch)
+    self.assertEqual(int(new_state.step), 1)
+    self.assertAlmostEqual(float(metrics["train/loss"]), want_loss, places=5)
+    self.assertAlmostEqual(float(metrics["grads/global_norm"]), want_norm,
+                           places=4)
+    self.assertAlmostEqual(float(metrics["train/learning_rate"]), 5e-3)
+    self.assertAlmostEqual(float(metrics["train/z_loss"]), z_loss * z_term,
+                           places=4)
+    changed = jax.tree.map(lambda a, b: bool(np.any(a != b)),
+                           new_state.params, params_before)
+    self.assertTrue(all(jax.tree.leaves(changed)))
+
+  def test_abstract_state_matches_the_real_one(self):
+    state = _state()
+    abstract = train_state_lib.create_train_state(
+        _tiny_model_config(), seed=0, tx=state.tx, schedule=state.schedule,
+        z_loss=0.0, mesh=mesh_lib.make_mesh(
+            mesh_lib.MeshConfig(data=-1, fsdp=1, tensor=1)), abstract=True)
+    self.assertEqual(jax.tree.structure(abstract.checkpoint_tree()),
+                     jax.tree.structure(state.checkpoint_tree()))
+    jax.tree.map(lambda a, b: self.assertEqual((a.shape, a.dtype),
+                                               (b.shape, b.dtype)),
+                 abstract.checkpoint_tree(), state.checkpoint_tree())
+
+  def test_loss_falls_on_a_repeated_batch(self):
+    state, batch = _state(), _batch()
+    losses = []
+    for _ in range(10):
+      state, metrics = train_step_lib.train_step(state, batch)
+      losses.append(float(metrics["train/loss"]))
+    self.assertLess(losses[-1], 0.7 * losses[0])
+
+
+def _log_softmax_cross_entropy(logits, batch):
+  """Masked cross-entropy and z-term, written with log_softmax."""
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  nll = -jnp.take_along_axis(log_probs, batch["targets"][..., None],
+                             -1)[..., 0]
+  weight = batch["mask"].astype(jnp.float32)
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  return ((nll * weight).sum() / weight.sum(),
+          (log_z**2 * weight).sum() / weight.sum())
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,113 @@
+"""The run's working directory: where it is, and the config written into it.
+
+Layout of a workdir:
+  config.json        the resolved config of the first run (written once)
+  config_step<N>.json  a changed config of a run resumed at update N
+  metrics.jsonl      one line of metrics per logged update
+  tensorboard/       TensorBoard event files
+  checkpoints/<N>/   Orbax checkpoints after N updates
+  profile/           jax.profiler traces
+"""
+
+import json
+import os
+from typing import Any
+
+from absl import logging
+
+CONFIG_FILENAME = "config.json"
+CHECKPOINT_DIRNAME = "checkpoints"
+PROFILE_DIRNAME = "profile"
+
+
+def user_path(path: str) -> str:
+  """`path` as the user meant it: relative paths resolve against the
+  directory the command was run from (`BUILD_WORKING_DIRECTORY` under
+  `bazel run`, else the current directory)."""
+  path = os.path.expanduser(path)
+  if os.path.isabs(path):
+    return path
+  base = os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
+  return os.path.normpath(os.path.join(base, path))
+
+
+def config_file_path(path: str) -> str:
+  """Where to read a `--config` file from (the `:arg` suffix kept).
+
+  Under `bazel run` the current directory holds the runfiles, where the
+  bundled configs (`configs/gemma3.py`) are; a path that is not there is
+  resolved against the directory the user ran from.
+  """
+  file_path, sep, arg = path.partition(":")
+  if os.path.isabs(file_path) or os.path.exists(file_path):
+    return path
+  return user_path(file_path) + sep + arg
+
+
+def resolve_config_argv(argv: list[str], flag: str = "config") -> list[str]:
+  """`argv` with the value of `--<flag>` passed through `config_file_path`.
+
+  Overrides (`--config.train.steps=10`) are left alone.
+  """
+  out = list(argv)
+  for i, arg in enumerate(out):
+    for prefix in (f"--{flag}=", f"-{flag}="):
+      if arg.startswith(prefix):
+        out[i] = prefix + config_file_path(arg[len(prefix):])
+    if arg in (f"--{flag}", f"-{flag}") and i + 1 < len(out):
+      out[i + 1] = config_file_path(out[i + 1])
+  return out
+
+
+def default_workdir(config_path: str) -> str:
+  """`runs/<config file stem>[_<arg>]` under the directory the user ran from.
+
+  Example: `configs/gemma3.py:1b` -> `<cwd>/runs/gemma3_1b`.
+  """
+  file_path, _, arg = config_path.partition(":")
+  name = os.path.splitext(os.path.basename(file_path))[0]
+  if arg:
+    name += "_" + "".join(c if c.isalnum() or c in "-." else "_" for c in arg)
+  return user_path(os.path.join("runs", name))
+
+
+def write_config(workdir: str, config: dict[str, Any], *, step: int) -> str:
+  """Writes the resolved config to the workdir once; returns its path.
+
+  The first run writes `config.json`. A resumed run with the same config
+  writes nothing; with a different one it writes `config_step<step>.json`
+  and logs the changed keys.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  text = json.dumps(config, indent=2, default=str) + "\n"
+  path = os.path.join(workdir, CONFIG_FILENAME)
+  if not os.path.exists(path):
+    _write_atomically(path, text)
+    return path
+  with open(path, encoding="utf-8") as f:
+    previous = json.load(f)
+  current = json.loads(text)
+  if previous == current:
+    return path
+  changed = sorted(_diff(previous, current))
+  path = os.path.join(workdir, f"config_step{step}.json")
+  _write_atomically(path, text)
+  logging.warning("Config differs from %s in %s; wrote %s.",
+                  os.path.join(workdir, CONFIG_FILENAME), changed, path)
+  return path
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> set[str]:
+  if isinstance(a, dict) and isinstance(b, dict):
+    out = set()
+    for key in set(a) | set(b):
+      out |= _diff(a.get(key), b.get(key), f"{prefix}{key}.")
+    return out
+  return set() if a == b else {prefix.rstrip(".")}
+
+
+def _write_atomically(path: str, text: str) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)

@@ -1,0 +1,84 @@
+r"""Measures the training speed of a config; prints figures, asserts nothing.
+
+Prints compile seconds, step time, tokens/s, TFLOP/s and MFU per device, and
+peak memory (device memory stats where the backend has them, else the host
+process's peak RSS). By default the batches are random tokens (data.source
+"synthetic") so that reading and tokenizing text is not measured.
+
+Example:
+
+  tools/bazel run //tools/bench:train_bench -- --config=configs/gemma3.py \
+      --steps=10 --config.train.batch_size=16
+"""
+
+import resource
+import sys
+import time
+
+from absl import app
+from absl import flags
+import jax
+from ml_collections import config_flags
+
+from maxtext.trainers import pretrain
+from maxtext.trainers import workdir as workdir_lib
+from maxtext.trainers.config import ExperimentConfig
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file and optional variant, e.g. configs/gemma3.py.")
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed updates.")
+_WARMUP_STEPS = flags.DEFINE_integer(
+    "warmup_steps", 2, "Untimed updates run first (after compilation).")
+_SYNTHETIC = flags.DEFINE_bool(
+    "synthetic", True, "Use random tokens instead of the config's data.")
+
+
+def _peak_memory() -> str:
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    return f"{stats['peak_bytes_in_use'] / 2**30:.2f} GiB (device 0)"
+  rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return f"{rss_kib / 2**20:.2f} GiB (host peak RSS)"
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  config = _CONFIG.value
+  if _SYNTHETIC.value:
+    config.data.source = "synthetic"
+  experiment = ExperimentConfig.from_config_dict(config)
+  prepared = pretrain.prepare(experiment)
+  state = prepared.state
+  for _ in range(_WARMUP_STEPS.value):
+    state, metrics = prepared.step_fn(state, next(prepared.batches))
+  jax.block_until_ready(state)
+  start = time.perf_counter()
+  for _ in range(_STEPS.value):
+    state, metrics = prepared.step_fn(state, next(prepared.batches))
+  jax.block_until_ready((state, metrics))
+  step_time = (time.perf_counter() - start) / _STEPS.value
+  figures = prepared.throughput.metrics(step_time)
+  mfu = figures["perf/mfu"]
+  rows = [
+      ("config", config_flags.get_config_filename(flags.FLAGS["config"])),
+      ("devices", f"{jax.device_count()} x {jax.devices()[0].device_kind}"),
+      ("batch x length", f"{experiment.train.batch_size} x"
+                         f" {experiment.data.seq_len}"),
+      ("compile s", f"{prepared.compile_time_s:.2f}"),
+      ("step time s", f"{step_time:.4f}"),
+      ("tokens/s/device", f"{figures['perf/tokens_per_s_per_device']:.1f}"),
+      ("TFLOP/s/device", f"{figures['perf/tflops_per_s_per_device']:.3f}"),
+      ("MFU", "n/a (unknown peak)" if mfu is None else f"{100 * mfu:.1f}%"),
+      ("peak memory", _peak_memory()),
+      ("last loss", f"{float(metrics['train/loss']):.4f}"),
+  ]
+  width = max(len(name) for name, _ in rows)
+  for name, value in rows:
+    print(f"{name:<{width}}  {value}")
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  sys.argv = workdir_lib.resolve_config_argv(sys.argv)
+  app.run(main)
