@@ -1,8 +1,9 @@
 """Defaults shared by every model family's config.
 
-A family config (`configs/<family>.py`) starts from `base_config()`, fills the
-`model` section and overrides what differs. Sections, in this order:
-model, data, optimizer, train, mesh, checkpoint, logging.
+A family config (`configs/<family>.py`) calls `family_config()`, which starts
+from `base_config()` and applies what the family and the chosen variant change.
+Sections, in this order: model, data, optimizer, train, mesh, checkpoint,
+logging.
 
 This module is data: importing it has no side effects.
 """
@@ -10,13 +11,84 @@ This module is data: importing it has no side effects.
 import ml_collections
 
 
+def model_defaults() -> ml_collections.ConfigDict:
+  """Every field of `maxtext.common.model_config.ModelConfig`.
+
+  The values are those of a plain pre-norm decoder (the dataclass's defaults);
+  the shape fields are left for the family config to set. Listing every field
+  lets any of them be overridden from the command line.
+  """
+  return ml_collections.ConfigDict(dict(
+      family="",
+      vocab_size=0,
+      num_layers=0,
+      embed_dim=0,
+      mlp_dim=0,
+      num_heads=0,
+      num_kv_heads=0,
+      head_dim=0,
+      tie_embeddings=True,
+      dtype="float32",
+      param_dtype="float32",
+      scan_layers=True,
+      attention_impl="reference",
+      norm_eps=1e-6,
+      norm_offset=0.0,
+      post_norms=False,
+      qk_norm=False,
+      qkv_bias=False,
+      scale_embeddings=False,
+      rope_theta=10_000.0,
+      rope_local_theta=10_000.0,
+      rope_scaling="default",
+      rope_scaling_factor=1.0,
+      rope_low_freq_factor=1.0,
+      rope_high_freq_factor=4.0,
+      rope_original_max_length=8192,
+      sliding_window=0,
+      global_layer_interval=1,
+      # None: queries are scaled by head_dim**-0.5.
+      query_pre_attn_scalar=ml_collections.FieldReference(None, float),
+      attn_logit_softcap=0.0,
+      final_logit_softcap=0.0,
+      mlp_activation="silu",
+  ))
+
+
+def family_config(family: str, arg: str | None,
+                  variants: dict[str, dict[str, object]],
+                  **family_fields) -> ml_collections.ConfigDict:
+  """The config of one variant of a model family.
+
+  Args:
+    family: The family's name (`ModelConfig.family`).
+    arg: The variant, from `--config=configs/<family>.py:<variant>`; None
+      means "small", the default that trains on a CPU in a few minutes.
+    variants: Model fields of each variant.
+    **family_fields: Model fields the whole family sets, applied before the
+      variant's.
+
+  Raises:
+    ValueError: `arg` is not a variant; the message lists the valid ones.
+  """
+  variant = arg or "small"
+  if variant not in variants:
+    raise ValueError(f"Unknown {family} variant {variant!r}; valid variants: "
+                     f"{sorted(variants)}.")
+  config = base_config()
+  config.model.family = family
+  # Published sizes compute in bfloat16; the small CPU models in float32.
+  config.model.dtype = "float32" if variant == "small" else "bfloat16"
+  config.model.update(family_fields)
+  config.model.update(variants[variant])
+  return config
+
+
 def base_config() -> ml_collections.ConfigDict:
-  """Returns the defaults for every section except `model`."""
+  """Returns the defaults of every section."""
   config = ml_collections.ConfigDict()
 
-  # Filled by the family config; its keys are the fields of
-  # `maxtext.common.model_config.ModelConfig`.
-  config.model = ml_collections.ConfigDict()
+  config.model = model_defaults()
 
   config.data = ml_collections.ConfigDict()
   # 'text' reads plain-text files and tokenizes them; 'synthetic' makes

@@ -1,8 +1,12 @@
 """Tests of the family configs: every variant is a valid ModelConfig."""
 
 import ast
+import dataclasses
 import inspect
+import sys
+from unittest import mock
 
+from absl import flags
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -16,6 +20,7 @@ from configs import mistral
 from configs import qwen2_5
 from configs import qwen3
 from maxtext.common.model_config import ModelConfig
+from ml_collections import config_flags
 
 _FAMILIES = {"gemma": gemma, "gemma2": gemma2, "gemma3": gemma3,
              "llama2": llama2, "llama3": llama3, "mistral": mistral,
@@ -44,6 +49,25 @@ class ConfigsTest(parameterized.TestCase):
     self.assertLessEqual(cfg.num_layers, 6)
     self.assertEqual(config.train, common.base_config().train)
     self.assertEqual(config.data, common.base_config().data)
+
+  def test_model_defaults_are_the_dataclass_defaults(self):
+    defaults = common.model_defaults()
+    fields = dataclasses.fields(ModelConfig)
+    self.assertEqual(sorted(defaults), sorted(f.name for f in fields))
+    for field in fields:
+      if field.default is not dataclasses.MISSING:
+        self.assertEqual(defaults[field.name], field.default, field.name)
+
+  def test_query_scalar_overrides_from_the_command_line(self):
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=flag_values)
+    argv = ["prog", f"--config={inspect.getsourcefile(gemma2)}:27b",
+            "--config.model.query_pre_attn_scalar=100"]
+    # The config flag reads its overrides from sys.argv, as under app.run.
+    with mock.patch.object(sys, "argv", argv):
+      flag_values(argv)
+    cfg = ModelConfig.from_dict(flag_values.config.model)
+    self.assertEqual(cfg.query_pre_attn_scalar, 100.0)
 
   def test_gemma3_small_has_the_local_global_pattern(self):
     cfg = ModelConfig.from_dict(gemma3.get_config().model)

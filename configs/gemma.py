@@ -30,36 +30,6 @@ VARIANTS = {
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
-  variant = arg or "small"
-  if variant not in VARIANTS:
-    raise ValueError(f"Unknown gemma variant {variant!r}; valid variants: "
-                     f"{sorted(VARIANTS)}.")
-  config = common.base_config()
-
-  model = config.model
-  model.family = "gemma"
-  model.vocab_size = 256_000
-  model.tie_embeddings = True
-  model.dtype = "float32" if variant == "small" else "bfloat16"
-  model.param_dtype = "float32"
-  model.scan_layers = True
-  model.attention_impl = "reference"
-  model.norm_eps = 1e-6
-  model.norm_offset = 1.0
-  model.post_norms = False
-  model.qk_norm = False
-  model.qkv_bias = False
-  model.scale_embeddings = True
-  model.rope_theta = 10_000.0
-  model.rope_scaling = "default"
-  model.rope_scaling_factor = 1.0
-  model.sliding_window = 0
-  model.global_layer_interval = 1
-  model.attn_logit_softcap = 0.0
-  model.final_logit_softcap = 0.0
-  model.mlp_activation = "gelu_tanh"
-  model.update(VARIANTS[variant])
-  # Queries are scaled by head_dim**-0.5, following head_dim overrides.
-  model.query_pre_attn_scalar = model.get_ref("head_dim")
-
-  return config
+  return common.family_config(
+      "gemma", arg, VARIANTS, vocab_size=256_000, norm_offset=1.0,
+      scale_embeddings=True, mlp_activation="gelu_tanh")

@@ -34,38 +34,14 @@ VARIANTS = {
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
-  variant = arg or "small"
-  if variant not in VARIANTS:
-    raise ValueError(f"Unknown gemma2 variant {variant!r}; valid variants: "
-                     f"{sorted(VARIANTS)}.")
-  config = common.base_config()
-
-  model = config.model
-  model.family = "gemma2"
-  model.vocab_size = 256_000
-  model.tie_embeddings = True
-  model.dtype = "float32" if variant == "small" else "bfloat16"
-  model.param_dtype = "float32"
-  model.scan_layers = True
-  # The attention-logit soft-cap needs the reference kernel.
-  model.attention_impl = "reference"
-  model.norm_eps = 1e-6
-  model.norm_offset = 1.0
-  model.post_norms = True
-  model.qk_norm = False
-  model.qkv_bias = False
-  model.scale_embeddings = True
-  model.rope_theta = 10_000.0
-  model.rope_scaling = "default"
-  model.rope_scaling_factor = 1.0
-  # Local and global layers alternate, local first.
-  model.sliding_window = 4096
-  model.global_layer_interval = 2
-  model.attn_logit_softcap = 50.0
-  model.final_logit_softcap = 30.0
-  model.mlp_activation = "gelu_tanh"
-  model.update(VARIANTS[variant])
+  config = common.family_config(
+      "gemma2", arg, VARIANTS, vocab_size=256_000, norm_offset=1.0,
+      post_norms=True, scale_embeddings=True,
+      # Local and global layers alternate, local first.
+      sliding_window=4096, global_layer_interval=2,
+      # The attention-logit soft-cap needs the reference kernel.
+      attn_logit_softcap=50.0, final_logit_softcap=30.0,
+      mlp_activation="gelu_tanh")
   # Local layers rotate like global ones.
-  model.rope_local_theta = model.get_ref("rope_theta")
-
+  config.model.rope_local_theta = config.model.get_ref("rope_theta")
   return config

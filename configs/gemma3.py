@@ -42,32 +42,7 @@ VARIANTS = {
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
-  variant = arg or "small"
-  if variant not in VARIANTS:
-    raise ValueError(f"Unknown gemma3 variant {variant!r}; valid variants: "
-                     f"{sorted(VARIANTS)}.")
-  config = common.base_config()
-
-  model = config.model
-  model.family = "gemma3"
-  model.tie_embeddings = True
-  model.dtype = "float32" if variant == "small" else "bfloat16"
-  model.param_dtype = "float32"
-  model.scan_layers = True
-  model.attention_impl = "reference"
-  model.norm_eps = 1e-6
-  model.norm_offset = 1.0
-  model.post_norms = True
-  model.qk_norm = True
-  model.scale_embeddings = True
-  model.rope_theta = 1_000_000.0
-  model.rope_local_theta = 10_000.0
-  model.rope_scaling = "default"
-  model.rope_scaling_factor = 1.0
-  model.global_layer_interval = 6
-  model.attn_logit_softcap = 0.0
-  model.final_logit_softcap = 0.0
-  model.mlp_activation = "gelu_tanh"
-  model.update(VARIANTS[variant])
-
-  return config
+  return common.family_config(
+      "gemma3", arg, VARIANTS, norm_offset=1.0, post_norms=True, qk_norm=True,
+      scale_embeddings=True, rope_theta=1_000_000.0, rope_local_theta=10_000.0,
+      global_layer_interval=6, mlp_activation="gelu_tanh")

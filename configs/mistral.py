@@ -35,38 +35,11 @@ VARIANTS = {
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
-  variant = arg or "small"
-  if variant not in VARIANTS:
-    raise ValueError(f"Unknown mistral variant {variant!r}; valid variants: "
-                     f"{sorted(VARIANTS)}.")
-  config = common.base_config()
-
-  model = config.model
-  model.family = "mistral"
-  model.vocab_size = 32_000
-  model.tie_embeddings = False
-  model.dtype = "float32" if variant == "small" else "bfloat16"
-  model.param_dtype = "float32"
-  model.scan_layers = True
-  model.attention_impl = "reference"
-  model.norm_eps = 1e-5
-  model.norm_offset = 0.0
-  model.post_norms = False
-  model.qk_norm = False
-  model.qkv_bias = False
-  model.scale_embeddings = False
-  model.rope_theta = 10_000.0
-  model.rope_scaling = "default"
-  model.rope_scaling_factor = 1.0
-  # Every layer is local (global_layer_interval=0) when there is a window.
-  model.sliding_window = 4096
-  model.global_layer_interval = 0
-  model.attn_logit_softcap = 0.0
-  model.final_logit_softcap = 0.0
-  model.mlp_activation = "silu"
-  model.update(VARIANTS[variant])
-  # Local layers rotate like global ones; queries scale by head_dim**-0.5.
-  model.rope_local_theta = model.get_ref("rope_theta")
-  model.query_pre_attn_scalar = model.get_ref("head_dim")
-
+  config = common.family_config(
+      "mistral", arg, VARIANTS, vocab_size=32_000, tie_embeddings=False,
+      norm_eps=1e-5,
+      # Every layer is local (global_layer_interval=0) when there is a window.
+      sliding_window=4096, global_layer_interval=0)
+  # Local layers rotate like global ones.
+  config.model.rope_local_theta = config.model.get_ref("rope_theta")
   return config
