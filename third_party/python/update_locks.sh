@@ -20,10 +20,11 @@ for links in ${PIP_FIND_LINKS:-/opt/wheels}; do
   [[ -d "${links}" ]] && compile+=(--find-links "${links}")
 done
 
-"${compile[@]}" "${here}/requirements.in" -o "${here}/requirements_lock.txt"
+# Relative paths keep the locks' "via" comments the same wherever it runs.
+cd "${here}"
+"${compile[@]}" requirements.in -o requirements_lock.txt
 no_emit=()
 while read -r name; do no_emit+=(--no-emit-package "${name}"); done < <(
-  sed -n 's/^\([A-Za-z0-9._-]*\)==.*/\1/p' "${here}/requirements_lock.txt")
-"${compile[@]}" "${here}/requirements_test.in" \
-  -c "${here}/requirements_lock.txt" "${no_emit[@]}" \
-  -o "${here}/requirements_test_lock.txt"
+  sed -n 's/^\([A-Za-z0-9._-]*\)==.*/\1/p' requirements_lock.txt)
+"${compile[@]}" requirements_test.in -c requirements_lock.txt "${no_emit[@]}" \
+  -o requirements_test_lock.txt
