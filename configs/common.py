@@ -2,8 +2,8 @@
 
 A family config (`configs/<family>.py`) calls `family_config()`, which starts
 from `base_config()` and applies what the family and the chosen variant change.
-Sections, in this order: model, data, optimizer, train, mesh, checkpoint,
-logging.
+Sections, in this order: model, data, optimizer, train, mesh, sharding,
+checkpoint, logging.
 
 This module is data: importing it has no side effects.
 """
@@ -52,6 +52,10 @@ def model_defaults() -> ml_collections.ConfigDict:
       attn_logit_softcap=0.0,
       final_logit_softcap=0.0,
       mlp_activation="silu",
+      # Recomputation in the backward pass of each block: "none", "full",
+      # "minimal", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj" or
+      # "nothing_saveable" (maxtext.layers.remat).
+      remat_policy="none",
   ))
 
 
@@ -82,6 +86,67 @@ def family_config(family: str, arg: str | None,
   config.model.update(family_fields)
   config.model.update(variants[variant])
   return config
+
+
+MESH_AXES = ("data", "fsdp", "fsdp_transpose", "sequence", "tensor", "expert",
+             "stage")
+
+
+def mesh_axes(**sizes: int) -> ml_collections.ConfigDict:
+  """Size of every mesh axis (1 unless given)."""
+  return ml_collections.ConfigDict(
+      {name: sizes.get(name, 1) for name in MESH_AXES})
+
+
+# The parameter layout: (logical axis, mesh axes) pairs, first fit per
+# dimension (maxtext.sharding.rules): a rule is skipped when one of its mesh
+# axes already shards another dimension of the same array or the product of
+# its sizes does not divide the dimension; then the next rule of that name is
+# tried, and a name without a fitting rule is replicated. Mesh axes of size 1
+# are ignored.
+#   vocab     embedding rows / output head columns: tensor parallel.
+#   embed     model dim of every kernel: FSDP over fsdp, sequence and
+#             expert (they all split the batch, so they share the parameters'
+#             memory); fsdp alone if that does not fit.
+#   mlp       MLP hidden: tensor, then fsdp_transpose.
+#   heads, kv_heads: tensor parallel (kv_heads falls back to replicated when
+#             there are fewer key/value heads than tensor devices).
+#   head_dim  replicated. layers: replicated (a stage axis would go here).
+PARAM_RULES = (
+    ("vocab", ("tensor",)),
+    ("embed", ("fsdp", "sequence", "expert")),
+    ("embed", ("fsdp",)),
+    ("mlp", ("tensor", "fsdp_transpose")),
+    ("mlp", ("tensor",)),
+    ("heads", ("tensor",)),
+    ("kv_heads", ("tensor",)),
+    ("head_dim", ()),
+    ("layers", ()),
+)
+
+# The compute layout of activations, same semantics.
+#   batch     every data-like axis.
+#   length    the sequence axis (queries; keys and values, "kv_length", are
+#             gathered whole, so attention sees every key).
+#   embed     the residual stream is replicated over tensor.
+#   heads, kv_heads, mlp, vocab: tensor parallel.
+COMPUTE_RULES = (
+    ("batch", ("data", "fsdp", "fsdp_transpose", "expert")),
+    ("length", ("sequence",)),
+    ("kv_length", ()),
+    ("embed", ()),
+    ("heads", ("tensor",)),
+    ("kv_heads", ("tensor",)),
+    ("head_dim", ()),
+    ("mlp", ("tensor",)),
+    ("vocab", ("tensor",)),
+)
+
+
+def sharding_defaults() -> ml_collections.ConfigDict:
+  """The `sharding` section: the parameter and compute rule tables."""
+  return ml_collections.ConfigDict(dict(param_rules=PARAM_RULES,
+                                        compute_rules=COMPUTE_RULES))
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -124,13 +189,22 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.steps = 150  # Total updates.
   config.train.batch_size = 8  # Global, in sequences.
   config.train.seed = 0  # Parameter initialisation.
+  # Gradient accumulation: each update runs the batch in this many slices.
+  config.train.microbatches = 1
 
   config.mesh = ml_collections.ConfigDict()
-  # Devices per mesh axis; -1 takes the rest. Parameters are replicated for
-  # now, so fsdp and tensor must be 1.
-  config.mesh.data = -1
-  config.mesh.fsdp = 1
-  config.mesh.tensor = 1
+  # Devices per mesh axis within a slice (ici) and slices per axis (dcn); the
+  # mesh axis is their product. -1 takes the rest, at most once per kind.
+  # data: data parallel; fsdp, fsdp_transpose: parameters sharded too;
+  # sequence: activations split along length; tensor: heads/MLP/vocab split;
+  # expert: one more batch axis until MoE lands; stage: pipeline (not
+  # implemented, must be 1). E.g. 8 devices as 2x2x2 fsdp/tensor/sequence:
+  #   --config.mesh.ici.data=1 --config.mesh.ici.fsdp=2
+  #   --config.mesh.ici.tensor=2 --config.mesh.ici.sequence=2
+  config.mesh.ici = mesh_axes(data=-1)
+  config.mesh.dcn = mesh_axes()
+
+  config.sharding = sharding_defaults()
 
   config.checkpoint = ml_collections.ConfigDict()
   # Saved in <workdir>/checkpoints every every_steps updates and at the end;

@@ -1,12 +1,17 @@
 """Logical axis names for parameters and activations, and annotated params.
 
 Parameters carry these names where they are created (flax NNX `out_sharding`
-metadata, see `param`); a sharding rule table (config data) later maps each
-logical name to mesh axes. Activations use the same names in sharding
-constraints.
+metadata, see `param`); a sharding rule table (config data,
+`maxtext.sharding.rules`) maps each logical name to mesh axes. Activations
+use the same names in sharding constraints (`constrain`), which take effect
+only inside `activation_sharding(...)`; outside it they do nothing, so layers
+run unchanged on one device.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+import contextlib
+import contextvars
+from typing import Any, Protocol
 
 import jax
 from flax import nnx
@@ -24,6 +29,38 @@ LAYERS = "layers"
 # Activation axes.
 BATCH = "batch"
 LENGTH = "length"
+# Length of keys and values inside attention (kept whole by default, so a
+# sequence-sharded query attends to every key: all-gathered context).
+KV_LENGTH = "kv_length"
+
+
+class Constrainer(Protocol):
+  """Maps logical activation axes to a sharding constraint."""
+
+  def constrain(self, x: jax.Array,
+                names: Sequence[str | None]) -> jax.Array: ...
+
+
+_CONSTRAINER: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "maxtext_activation_sharding", default=None)
+
+
+@contextlib.contextmanager
+def activation_sharding(constrainer: Constrainer | None) -> Iterator[None]:
+  """Within this context `constrain` applies `constrainer` (None: no-op)."""
+  token = _CONSTRAINER.set(constrainer)
+  try:
+    yield
+  finally:
+    _CONSTRAINER.reset(token)
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+  """`x` with the compute layout of logical axes `names` (one per dim)."""
+  constrainer = _CONSTRAINER.get()
+  if constrainer is None:
+    return x
+  return constrainer.constrain(x, names)
 
 
 def param(value: jax.Array, names: Sequence[str]) -> nnx.Param:

@@ -22,6 +22,9 @@ DTYPES = ("float32", "bfloat16")
 ROPE_SCALINGS = ("default", "linear", "llama3")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 ATTENTION_IMPLS = ("reference", "xla")
+# See maxtext.layers.remat.
+REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp",
+                  "save_qkv_proj", "save_out_proj", "nothing_saveable")
 
 
 def _fail(field: str, value: Any, valid: str) -> None:
@@ -75,6 +78,8 @@ class ModelConfig:
       off.
     final_logit_softcap: Same for the output logits; 0 is off.
     mlp_activation: Gate activation of the MLP: "silu" or "gelu_tanh".
+    remat_policy: What the backward pass of each block recomputes, by name
+      (`maxtext.layers.remat`): "none" keeps every activation.
   """
 
   family: str
@@ -109,6 +114,7 @@ class ModelConfig:
   attn_logit_softcap: float = 0.0
   final_logit_softcap: float = 0.0
   mlp_activation: str = "silu"
+  remat_policy: str = "none"
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
@@ -147,7 +153,8 @@ class ModelConfig:
     for name, valid in (("dtype", DTYPES), ("param_dtype", DTYPES),
                         ("rope_scaling", ROPE_SCALINGS),
                         ("mlp_activation", MLP_ACTIVATIONS),
-                        ("attention_impl", ATTENTION_IMPLS)):
+                        ("attention_impl", ATTENTION_IMPLS),
+                        ("remat_policy", REMAT_POLICIES)):
       if getattr(self, name) not in valid:
         _fail(name, getattr(self, name), f"valid values are {valid}")
     for name in ("norm_eps", "rope_theta", "rope_local_theta"):

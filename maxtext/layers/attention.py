@@ -2,9 +2,16 @@
 
 Shape key: B batch, L length, D embed dim, H query heads, G key/value heads,
 K head dim.
+
+Activations carry logical sharding constraints (`axes.constrain`) and remat
+names (`jax.ad_checkpoint.checkpoint_name`): "query_proj", "key_proj",
+"value_proj" (projections), "attention_context" (kernel output) and
+"out_proj" (output projection); `maxtext.layers.remat` policies save or
+recompute them by name.
 """
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 from flax import nnx
 
 from maxtext.common import axes
@@ -61,14 +68,21 @@ class Attention(nnx.Module):
       segment_ids_BL: jax.Array | None = None,
   ) -> jax.Array:
     """Attends causally; `window` limits how far back a query looks."""
-    q_BLHK = self.query(x_BLD)
-    k_BLGK = self.key(x_BLD)
-    v_BLGK = self.value(x_BLD)
+    q_names = (axes.BATCH, axes.LENGTH, axes.HEADS, axes.HEAD_DIM)
+    kv_names = (axes.BATCH, axes.KV_LENGTH, axes.KV_HEADS, axes.HEAD_DIM)
+    q_BLHK = checkpoint_name(self.query(x_BLD), "query_proj")
+    k_BLGK = checkpoint_name(self.key(x_BLD), "key_proj")
+    v_BLGK = checkpoint_name(self.value(x_BLD), "value_proj")
     if self.query_norm is not None:
       q_BLHK = self.query_norm(q_BLHK)
       k_BLGK = self.key_norm(k_BLGK)
-    o_BLHK = self.kernel(rotary.apply(q_BLHK), rotary.apply(k_BLGK), v_BLGK,
+    q_BLHK = axes.constrain(rotary.apply(q_BLHK), q_names)
+    k_BLGK = axes.constrain(rotary.apply(k_BLGK), kv_names)
+    v_BLGK = axes.constrain(v_BLGK, kv_names)
+    o_BLHK = self.kernel(q_BLHK, k_BLGK, v_BLGK,
                          scale=self.scale, window=window,
                          segment_ids_BL=segment_ids_BL,
                          logit_softcap=self.logit_softcap)
-    return self.output(o_BLHK)
+    o_BLHK = checkpoint_name(axes.constrain(o_BLHK, q_names),
+                             "attention_context")
+    return checkpoint_name(self.output(o_BLHK), "out_proj")

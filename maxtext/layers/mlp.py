@@ -1,9 +1,13 @@
 """Gated MLP: `down(act(gate(x)) * up(x))`.
 
 Shape key: B batch, L length, D embed dim, F mlp dim.
+
+The hidden activation is constrained to the logical axes (batch, length,
+mlp) and named for remat: "mlp_gate", "mlp_up", "mlp_hidden" and "mlp_out".
 """
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 from flax import nnx
 
 from maxtext.common import axes
@@ -31,5 +35,10 @@ class MLP(nnx.Module):
     self.activation = ACTIVATIONS[cfg.mlp_activation]
 
   def __call__(self, x_BLD: jax.Array) -> jax.Array:
-    h_BLF = self.activation(self.gate(x_BLD)) * self.up(x_BLD)
-    return self.down(h_BLF)
+    hidden_names = (axes.BATCH, axes.LENGTH, axes.MLP)
+    gate_BLF = checkpoint_name(axes.constrain(self.gate(x_BLD), hidden_names),
+                               "mlp_gate")
+    up_BLF = checkpoint_name(axes.constrain(self.up(x_BLD), hidden_names),
+                             "mlp_up")
+    h_BLF = checkpoint_name(self.activation(gate_BLF) * up_BLF, "mlp_hidden")
+    return checkpoint_name(self.down(h_BLF), "mlp_out")

@@ -11,6 +11,12 @@ Layouts of the blocks' parameters:
     Layers that do not fill a whole group at the end are unrolled.
   scan_layers=False: an `nnx.List` of `Block`s, one per layer.
 
+Each block runs under the remat policy `cfg.remat_policy`
+(`maxtext.layers.remat`). The residual stream is constrained to the logical
+axes (batch, length, embed) at every block boundary and the logits to
+(batch, length, vocab); the constraints apply only under
+`axes.activation_sharding` (the train step sets it from the compute rules).
+
 Shape key: B batch, L length, D embed dim, V vocab.
 """
 
@@ -25,7 +31,10 @@ from maxtext.layers import embedding
 from maxtext.layers import linear
 from maxtext.layers import mlp
 from maxtext.layers import norm
+from maxtext.layers import remat
 from maxtext.layers import rope
+
+_RESIDUAL = (axes.BATCH, axes.LENGTH, axes.EMBED)
 
 
 def _embed_norm(cfg: ModelConfig) -> norm.RMSNorm:
@@ -56,6 +65,25 @@ class Block(nnx.Module):
     if self.post_mlp_norm is not None:
       h_BLD = self.post_mlp_norm(h_BLD)
     return x_BLD + h_BLD
+
+
+def _with_remat(call_block, cfg: ModelConfig):
+  """`call_block(block, x_BLD, window)` under `cfg.remat_policy`."""
+  if cfg.remat_policy == "none":
+    return call_block
+
+  def run_block(block: Block, x_BLD: jax.Array,
+                window: int | None) -> jax.Array:
+    graphdef, state = nnx.split(block)
+
+    def apply(state, x_BLD):
+      return call_block(nnx.merge(graphdef, state), x_BLD, window)
+
+    # Inside a scan, CSE cannot merge the recomputation; skip its barrier.
+    return remat.remat(apply, cfg.remat_policy,
+                       prevent_cse=not cfg.scan_layers)(state, x_BLD)
+
+  return run_block
 
 
 def pattern_period(windows: tuple[int | None, ...]) -> int:
@@ -118,12 +146,16 @@ class Decoder(nnx.Module):
     local_rotary = rope.Rotary.at(positions_BL,
                                   rope.local_inverse_frequencies(cfg))
 
-    def run_block(block: Block, x_BLD: jax.Array,
-                  window: int | None) -> jax.Array:
+    def call_block(block: Block, x_BLD: jax.Array,
+                   window: int | None) -> jax.Array:
       rotary = global_rotary if window is None else local_rotary
-      return block(x_BLD, rotary, window=window, segment_ids_BL=segment_ids_BL)
+      x_BLD = block(x_BLD, rotary, window=window,
+                    segment_ids_BL=segment_ids_BL)
+      return axes.constrain(x_BLD, _RESIDUAL)
 
-    x_BLD = self.embedder(tokens_BL)
+    run_block = _with_remat(call_block, cfg)
+
+    x_BLD = axes.constrain(self.embedder(tokens_BL), _RESIDUAL)
     windows = cfg.layer_windows()
     if cfg.scan_layers:
       x_BLD = self._scan_blocks(x_BLD, windows, run_block)
@@ -135,7 +167,8 @@ class Decoder(nnx.Module):
       logits_BLV = self.embedder.attend(x_BLD)
     else:
       logits_BLV = self.head(x_BLD)
-    logits_BLV = logits_BLV.astype(jnp.float32)
+    logits_BLV = axes.constrain(logits_BLV.astype(jnp.float32),
+                                (axes.BATCH, axes.LENGTH, axes.VOCAB))
     if cfg.final_logit_softcap:
       cap = cfg.final_logit_softcap
       logits_BLV = cap * jnp.tanh(logits_BLV / cap)

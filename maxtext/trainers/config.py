@@ -16,6 +16,7 @@ from maxtext.common.model_config import ModelConfig
 from maxtext.data.pipeline import DataConfig
 from maxtext.optim.optimizer import OptimizerConfig
 from maxtext.sharding.mesh import MeshConfig
+from maxtext.sharding.rules import ShardingConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -26,11 +27,15 @@ class TrainConfig:
     steps: Total number of updates of the run.
     batch_size: Global batch size (sequences per update).
     seed: Seed of the parameter initialisation.
+    microbatches: Gradient accumulation: each update runs the batch in this
+      many slices (inside one jitted step) and applies their summed
+      gradients; divides `batch_size`.
   """
 
   steps: int
   batch_size: int
   seed: int
+  microbatches: int = 1
 
   def __post_init__(self):
     if self.steps < 1:
@@ -38,6 +43,15 @@ class TrainConfig:
     if self.batch_size < 1:
       raise ValueError(
           f"train.batch_size={self.batch_size!r} must be positive.")
+    if isinstance(self.microbatches, bool) or not isinstance(
+        self.microbatches, int) or self.microbatches < 1:
+      raise ValueError(
+          f"train.microbatches={self.microbatches!r} must be a positive"
+          " integer.")
+    if self.batch_size % self.microbatches:
+      raise ValueError(
+          f"train.microbatches={self.microbatches} must divide"
+          f" train.batch_size={self.batch_size}.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,6 +93,7 @@ SECTIONS = {
     "optimizer": OptimizerConfig,
     "train": TrainConfig,
     "mesh": MeshConfig,
+    "sharding": ShardingConfig,
     "checkpoint": CheckpointConfig,
     "logging": LoggingConfig,
 }
@@ -118,6 +133,7 @@ class ExperimentConfig:
   optimizer: OptimizerConfig
   train: TrainConfig
   mesh: MeshConfig
+  sharding: ShardingConfig
   checkpoint: CheckpointConfig
   logging: LoggingConfig
 

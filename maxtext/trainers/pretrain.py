@@ -27,6 +27,7 @@ from maxtext.metrics import flops
 from maxtext.metrics import writers
 from maxtext.optim import optimizer
 from maxtext.sharding import mesh as mesh_lib
+from maxtext.sharding import rules as rules_lib
 from maxtext.trainers import hooks as hooks_lib
 from maxtext.trainers import loop
 from maxtext.trainers import train_state as train_state_lib
@@ -73,9 +74,10 @@ class TrainResult:
   metrics: dict[str, float | None]
 
 
-def _device_batches(mesh, local_batches) -> Iterator[dict[str, jax.Array]]:
+def _device_batches(mesh, sharding,
+                    local_batches) -> Iterator[dict[str, jax.Array]]:
   for local_batch in local_batches:
-    yield mesh_lib.batch_to_device(mesh, local_batch)
+    yield mesh_lib.batch_to_device(mesh, local_batch, sharding)
 
 
 def prepare(experiment: ExperimentConfig,
@@ -84,19 +86,23 @@ def prepare(experiment: ExperimentConfig,
   """Builds the mesh, state (restored if `checkpointer` has one), data and
   compiled step of `experiment`."""
   mesh = mesh_lib.make_mesh(experiment.mesh)
-  batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  rules = rules_lib.LogicalRules.from_config(mesh, experiment.sharding)
+  batch_shards = rules.batch_shards()
   batch_size = experiment.train.batch_size
-  if batch_size % batch_shards:
+  microbatches = experiment.train.microbatches
+  if batch_size % (batch_shards * microbatches):
     raise ValueError(
         f"train.batch_size={batch_size} must be divisible by the"
-        f" {batch_shards} batch shards of the mesh.")
+        f" {batch_shards} batch shards of the mesh times"
+        f" train.microbatches={microbatches}.")
   total_steps = experiment.train.steps
   tx = optimizer.make_optimizer(experiment.optimizer, total_steps)
   state_args = dict(
       seed=experiment.train.seed, tx=tx,
       schedule=optimizer.learning_rate_schedule(experiment.optimizer,
                                                 total_steps),
-      z_loss=experiment.optimizer.z_loss, mesh=mesh)
+      z_loss=experiment.optimizer.z_loss, mesh=mesh, rules=rules,
+      microbatches=microbatches)
   model_config = experiment.model
 
   start_step = 0
@@ -122,11 +128,12 @@ def prepare(experiment: ExperimentConfig,
   local_batches = pipeline.make_batches(
       source, batch_size=batch_size, seed=experiment.data.shuffle_seed,
       process_index=jax.process_index(), process_count=jax.process_count())
-  batches = _device_batches(mesh, pipeline.iterate(local_batches, start_step))
-
   seq_len = experiment.data.seq_len
+  batch_sharding = rules.batch_sharding((batch_size, seq_len))
+  batches = _device_batches(mesh, batch_sharding,
+                            pipeline.iterate(local_batches, start_step))
   batch_spec = jax.ShapeDtypeStruct((batch_size, seq_len), jax.numpy.int32,
-                                    sharding=mesh_lib.batch_sharding(mesh))
+                                    sharding=batch_sharding)
   start = time.perf_counter()
   step_fn = train_step_lib.train_step.lower(
       state, {"inputs": batch_spec, "targets": batch_spec,

@@ -3,8 +3,14 @@
 Parameters are kept as a plain nested dict of arrays (`nnx.State` converted
 with `nnx.to_pure_dict`), which optax, Orbax and `jax.tree` handle directly; the
 model is rebuilt inside the jitted step with `nnx.merge(graphdef, params)`.
-The graph definition, the optimizer and the loss options are static fields:
-they are part of the jit cache key, not of the checkpoint.
+The graph definition, the optimizer, the loss options, the sharding rules
+and the number of microbatches are static fields: they are part of the jit
+cache key, not of the checkpoint.
+
+With sharding rules, every array is created already in its final layout: the
+initialiser runs under jit with `out_shardings` derived from the parameters'
+logical axis names and the parameter rules (the optimizer state mirrors the
+parameters), so no device or host ever holds a full unsharded copy.
 """
 
 from typing import Any
@@ -18,6 +24,7 @@ import optax
 from maxtext.common.model_config import ModelConfig
 from maxtext.models import registry
 from maxtext.sharding import mesh as mesh_lib
+from maxtext.sharding import rules as rules_lib
 
 
 @struct.dataclass
@@ -33,6 +40,10 @@ class TrainState:
     tx: The optimizer.
     schedule: Learning rate as a function of step (for metrics).
     z_loss: Weight of the z-loss term.
+    rules: Parameter and compute layouts on the mesh; None: parameters
+      replicated, activations unconstrained.
+    microbatches: The train step accumulates gradients over this many
+      slices of the batch.
   """
 
   step: jax.Array
@@ -43,6 +54,9 @@ class TrainState:
   tx: optax.GradientTransformation = struct.field(pytree_node=False)
   schedule: optax.Schedule = struct.field(pytree_node=False)
   z_loss: float = struct.field(pytree_node=False)
+  rules: rules_lib.LogicalRules | None = struct.field(pytree_node=False,
+                                                      default=None)
+  microbatches: int = struct.field(pytree_node=False, default=1)
 
   def model(self) -> nnx.Module:
     """The model with this state's parameters."""
@@ -63,12 +77,43 @@ def _split(model: nnx.Module):
   return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(model_state)
 
 
+def state_shardings(abstract_tree: dict[str, Any], param_names: Any,
+                    tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
+                    rules: rules_lib.LogicalRules | None) -> dict[str, Any]:
+  """Shardings of a `checkpoint_tree` (shapes in `abstract_tree`).
+
+  Parameters follow `rules.param_rules` by their logical axis names
+  (`param_names`, a tree of name tuples); the optimizer state's
+  parameter-shaped leaves follow their parameter; everything else is
+  replicated.
+  """
+  replicated = mesh_lib.replicated(mesh)
+  if rules is None:
+    return jax.tree.map(lambda _: replicated, abstract_tree)
+
+  def param_sharding(names, leaf):
+    if len(names) != leaf.ndim:  # A parameter without logical names.
+      return replicated
+    return rules.param_sharding(names, leaf.shape)
+
+  params = jax.tree.map(param_sharding, param_names, abstract_tree["params"],
+                        is_leaf=lambda x: isinstance(x, tuple))
+  opt_state = optax.tree_map_params(
+      tx, lambda _, sharding: sharding, abstract_tree["opt_state"], params,
+      transform_non_params=lambda _: replicated)
+  return {"step": replicated, "params": params, "opt_state": opt_state,
+          "model_state": jax.tree.map(lambda _: replicated,
+                                      abstract_tree["model_state"])}
+
+
 def create_train_state(model_config: ModelConfig, *, seed: int,
                        tx: optax.GradientTransformation,
                        schedule: optax.Schedule, z_loss: float,
                        mesh: jax.sharding.Mesh,
+                       rules: rules_lib.LogicalRules | None = None,
+                       microbatches: int = 1,
                        abstract: bool = False) -> TrainState:
-  """A freshly initialised state, created on the mesh (replicated).
+  """A freshly initialised state, created on the mesh in its final layout.
 
   Args:
     model_config: The model.
@@ -77,6 +122,8 @@ def create_train_state(model_config: ModelConfig, *, seed: int,
     schedule: Its learning-rate schedule (reported as a metric).
     z_loss: Weight of the z-loss.
     mesh: Devices; the state is created directly with its sharding.
+    rules: Parameter and compute layouts; None replicates the state.
+    microbatches: Gradient-accumulation steps of the train step.
     abstract: Return `jax.ShapeDtypeStruct` leaves (with shardings) instead of
       arrays, without allocating or computing anything: the target of a
       checkpoint restore.
@@ -84,8 +131,10 @@ def create_train_state(model_config: ModelConfig, *, seed: int,
   Returns:
     The state at step 0.
   """
-  graphdef, _, _ = _split(nnx.eval_shape(
-      lambda: registry.create_model(model_config, rngs=nnx.Rngs(seed))))
+  abstract_model = nnx.eval_shape(
+      lambda: registry.create_model(model_config, rngs=nnx.Rngs(seed)))
+  graphdef, abstract_params, _ = nnx.split(abstract_model, nnx.Param, ...)
+  param_names = rules_lib.logical_names(abstract_params)
 
   def init() -> dict[str, Any]:
     model = registry.create_model(model_config, rngs=nnx.Rngs(seed))
@@ -93,13 +142,15 @@ def create_train_state(model_config: ModelConfig, *, seed: int,
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": tx.init(params), "model_state": model_state}
 
-  sharding = mesh_lib.replicated(mesh)
+  shapes = jax.eval_shape(init)
+  shardings = state_shardings(shapes, param_names, tx, mesh, rules)
   if abstract:
-    shapes = jax.eval_shape(init)
     tree = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-        shapes)
+        lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                 sharding=sharding),
+        shapes, shardings)
   else:
-    tree = jax.jit(init, out_shardings=sharding)()
+    tree = jax.jit(init, out_shardings=shardings)()
   return TrainState(graphdef=graphdef, tx=tx, schedule=schedule,
-                    z_loss=z_loss, **tree)
+                    z_loss=z_loss, rules=rules, microbatches=microbatches,
+                    **tree)

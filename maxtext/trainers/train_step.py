@@ -6,6 +6,12 @@ next-token cross-entropy; with `z_loss > 0` the train step adds
 `z_loss * mean(log(Z)^2)` (Z the softmax normaliser), which keeps the output
 logits from drifting (PaLM).
 
+With `state.microbatches = M > 1` the batch is cut into M slices (row i goes
+to slice i % M, so each slice stays spread over the batch shards) and a
+`lax.scan` accumulates their token-weighted gradients; the update equals that
+of one step on the whole batch. Activations are constrained by the state's
+compute rules (`axes.activation_sharding`).
+
 Shapes: B batch, L length, V vocab.
 """
 
@@ -15,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from maxtext.common import axes
 from maxtext.trainers.train_state import TrainState
 
 
@@ -52,15 +59,7 @@ def train_step(state: TrainState,
     `grads/global_norm` (before clipping) and, when the z-loss is on,
     `train/z_loss` (its weighted term, added to the objective).
   """
-
-  def loss_fn(params):
-    model = state.replace(params=params).model()
-    logits_BLV = model(batch["inputs"])
-    loss, z_term = cross_entropy(logits_BLV, batch["targets"], batch["mask"])
-    return loss + state.z_loss * z_term, (loss, z_term)
-
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  (_, (loss, z_term)), grads = grad_fn(state.params)
+  loss, z_term, grads = loss_and_grads(state, batch)
   updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = {
@@ -73,3 +72,65 @@ def train_step(state: TrainState,
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state)
   return new_state, metrics
+
+
+def loss_and_grads(state: TrainState, batch: dict[str, jax.Array]
+                   ) -> tuple[jax.Array, jax.Array, object]:
+  """Cross-entropy, z-term and gradients of the objective on `batch`.
+
+  Traced inside `train_step`; jit it to inspect gradients.
+  """
+
+  def loss_fn(params, batch):
+    model = state.replace(params=params).model()
+    with axes.activation_sharding(state.rules):
+      logits_BLV = model(batch["inputs"])
+    loss, z_term = cross_entropy(logits_BLV, batch["targets"], batch["mask"])
+    return loss + state.z_loss * z_term, (loss, z_term)
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if state.microbatches == 1:
+    (_, (loss, z_term)), grads = grad_fn(state.params, batch)
+    return loss, z_term, grads
+  return _accumulate(grad_fn, state, batch)
+
+
+def _accumulate(grad_fn, state: TrainState, batch: dict[str, jax.Array]):
+  """Loss, z-term and gradients of `batch`, summed over microbatches.
+
+  Each microbatch's mean loss and gradients are weighted by its number of
+  target tokens, and the sums divided by the batch's, so the result is the
+  whole batch's masked mean.
+  """
+  count = state.microbatches
+  size = batch["inputs"].shape[0]
+  if size % count:
+    raise ValueError(f"Batch size {size} is not divisible by"
+                     f" train.microbatches={count}.")
+
+  def split(x_BL):
+    x_MBL = x_BL.reshape(size // count, count,
+                         *x_BL.shape[1:]).swapaxes(0, 1)
+    with axes.activation_sharding(state.rules):
+      return axes.constrain(x_MBL, (None, axes.BATCH, axes.LENGTH))
+
+  micro = {key: split(value) for key, value in batch.items()}
+
+  def body(carry, microbatch):
+    loss_sum, z_sum, grad_sum = carry
+    (_, (loss, z_term)), grads = grad_fn(state.params, microbatch)
+    weight = microbatch["mask"].astype(jnp.float32).sum()
+    grad_sum = jax.tree.map(
+        lambda total, g: total + weight * g.astype(jnp.float32), grad_sum,
+        grads)
+    return (loss_sum + weight * loss, z_sum + weight * z_term, grad_sum), None
+
+  zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32),
+                       state.params)
+  (loss_sum, z_sum, grad_sum), _ = jax.lax.scan(
+      body, (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros),
+      micro)
+  total = jnp.maximum(batch["mask"].astype(jnp.float32).sum(), 1.0)
+  grads = jax.tree.map(lambda g, p: (g / total).astype(p.dtype), grad_sum,
+                       state.params)
+  return loss_sum / total, z_sum / total, grads

@@ -37,8 +37,8 @@ def _state(z_loss=0.0):
   opt_values = gemma3.get_config().optimizer.to_dict()
   opt_values.update(learning_rate=1e-2, warmup_steps=2, z_loss=z_loss)
   opt_config = optimizer.OptimizerConfig(**opt_values)
-  the_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(data=-1, fsdp=1,
-                                                    tensor=1))
+  the_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(
+      ici=mesh_lib.AxisSizes(data=-1)))
   return train_state_lib.create_train_state(
       _tiny_model_config(), seed=0,
       tx=optimizer.make_optimizer(opt_config, total_steps=10),
@@ -119,7 +119,8 @@ class TrainStepTest(absltest.TestCase):
     abstract = train_state_lib.create_train_state(
         _tiny_model_config(), seed=0, tx=state.tx, schedule=state.schedule,
         z_loss=0.0, mesh=mesh_lib.make_mesh(
-            mesh_lib.MeshConfig(data=-1, fsdp=1, tensor=1)), abstract=True)
+            mesh_lib.MeshConfig(ici=mesh_lib.AxisSizes(data=-1))),
+        abstract=True)
     self.assertEqual(jax.tree.structure(abstract.checkpoint_tree()),
                      jax.tree.structure(state.checkpoint_tree()))
     jax.tree.map(lambda a, b: self.assertEqual((a.shape, a.dtype),
