@@ -20,6 +20,9 @@ MODEL_CLASS = decoder.Decoder
 HF_PARAMS = hf_params.COMMON_PARAMS
 HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + (hf_params.PRE_MLP_NORM,)
 
+HF_MODEL_TYPE = "gemma"
+HF_ARCHITECTURE = "GemmaForCausalLM"
+
 _ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
@@ -42,3 +45,12 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       mlp_activation=_ACTIVATIONS[activation],
       **hf_params.decoder_fields(hf, tie_embeddings_default=True),
   )
+
+
+def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
+  """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`)."""
+  return dict(
+      hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
+                                  architecture=HF_ARCHITECTURE),
+      hidden_act="gelu_pytorch_tanh",
+      hidden_activation="gelu_pytorch_tanh")

@@ -22,6 +22,9 @@ MODEL_CLASS = decoder.Decoder
 HF_PARAMS = hf_params.COMMON_PARAMS
 HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + hf_params.SANDWICH_NORMS
 
+HF_MODEL_TYPE = "gemma2"
+HF_ARCHITECTURE = "Gemma2ForCausalLM"
+
 _ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
@@ -66,3 +69,17 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       mlp_activation=_ACTIVATIONS[activation],
       **fields,
   )
+
+
+def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
+  """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`)."""
+  return dict(
+      hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
+                                  architecture=HF_ARCHITECTURE),
+      hidden_act="gelu_pytorch_tanh",
+      hidden_activation="gelu_pytorch_tanh",
+      query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim,
+      sliding_window=cfg.sliding_window or None,
+      layer_types=hf_params.hf_layer_types(cfg),
+      attn_logit_softcapping=cfg.attn_logit_softcap or None,
+      final_logit_softcapping=cfg.final_logit_softcap or None)

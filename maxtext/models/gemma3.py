@@ -23,6 +23,9 @@ HF_PARAMS = hf_params.COMMON_PARAMS
 HF_BLOCK_PARAMS = (hf_params.COMMON_BLOCK_PARAMS + hf_params.QK_NORMS +
                    hf_params.SANDWICH_NORMS)
 
+HF_MODEL_TYPE = "gemma3_text"
+HF_ARCHITECTURE = "Gemma3ForCausalLM"
+
 _ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
@@ -76,3 +79,25 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       mlp_activation=_ACTIVATIONS[activation],
       **hf_params.rope_fields(global_rope),
   )
+
+
+def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
+  """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`).
+
+  `rope_parameters` has one entry per layer type (transformers >= 5).
+  """
+  config = hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
+                                       architecture=HF_ARCHITECTURE)
+  config["rope_parameters"] = {
+      "full_attention": config["rope_parameters"],
+      "sliding_attention": {"rope_type": "default",
+                            "rope_theta": cfg.rope_local_theta},
+  }
+  return dict(
+      config,
+      hidden_activation="gelu_pytorch_tanh",
+      query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim,
+      sliding_window=cfg.sliding_window or None,
+      layer_types=hf_params.hf_layer_types(cfg),
+      attn_logit_softcapping=cfg.attn_logit_softcap or None,
+      final_logit_softcapping=cfg.final_logit_softcap or None)

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from maxtext.common.model_config import ModelConfig
+
 
 @dataclasses.dataclass(frozen=True)
 class ParamMap:
@@ -38,15 +40,27 @@ class ParamMap:
   in_ndim: int = 0
   flatten: bool = False
 
-  def to_ours(self, hf_array: np.ndarray, shape: Sequence[int]) -> np.ndarray:
-    """Hugging Face array -> our layout of `shape`."""
+  def to_ours(self, hf_array: np.ndarray, shape: Sequence[int],
+              name: str | None = None) -> np.ndarray:
+    """Hugging Face array (named `name`, default `hf_name`) -> our layout of
+    `shape`; ValueError naming both shapes if it has the wrong one."""
+    if hf_array.shape != self.hf_shape(shape):
+      raise ValueError(f"{name or self.hf_name}: shape {hf_array.shape} does not fit "
+                       f"our parameter {'.'.join(self.path)} of shape "
+                       f"{tuple(shape)} (expected Hugging Face shape "
+                       f"{self.hf_shape(shape)}).")
     if self.in_ndim:
       hf_array = hf_array.T
-    if hf_array.size != math.prod(shape):
-      raise ValueError(f"{self.hf_name}: shape {hf_array.shape} does not fit "
-                       f"our parameter {'.'.join(self.path)} of shape "
-                       f"{tuple(shape)}.")
     return hf_array.reshape(shape)
+
+  def hf_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+    """Hugging Face shape of our parameter of `shape`."""
+    shape = tuple(shape)
+    if self.in_ndim:
+      return (math.prod(shape[self.in_ndim:]), math.prod(shape[:self.in_ndim]))
+    if self.flatten:
+      return (math.prod(shape),)
+    return shape
 
   def to_hf(self, array: np.ndarray) -> np.ndarray:
     """Our array -> Hugging Face layout."""
@@ -117,6 +131,53 @@ def decoder_fields(hf: Mapping[str, Any], *,
       norm_eps=hf["rms_norm_eps"],
       **rope_fields(rope_dict(hf)),
   )
+
+
+def hf_rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
+  """Hugging Face `rope_parameters` of global layers (inverse of
+  `rope_fields`)."""
+  rope = {"rope_type": cfg.rope_scaling, "rope_theta": cfg.rope_theta}
+  if cfg.rope_scaling != "default":
+    rope["factor"] = cfg.rope_scaling_factor
+  if cfg.rope_scaling == "llama3":
+    rope["low_freq_factor"] = cfg.rope_low_freq_factor
+    rope["high_freq_factor"] = cfg.rope_high_freq_factor
+    rope["original_max_position_embeddings"] = cfg.rope_original_max_length
+  return rope
+
+
+def decoder_hf_config(cfg: ModelConfig, *, model_type: str,
+                      architecture: str) -> dict[str, Any]:
+  """`config.json` keys of `decoder_fields` for `cfg` (its inverse).
+
+  Also sets model_type, architectures and dtype (the parameter dtype); a
+  family adds its own keys. transformers >= 5 reads `rope_parameters`.
+  """
+  config = dict(
+      architectures=[architecture],
+      model_type=model_type,
+      vocab_size=cfg.vocab_size,
+      num_hidden_layers=cfg.num_layers,
+      hidden_size=cfg.embed_dim,
+      intermediate_size=cfg.mlp_dim,
+      num_attention_heads=cfg.num_heads,
+      num_key_value_heads=cfg.num_kv_heads,
+      head_dim=cfg.head_dim,
+      tie_word_embeddings=cfg.tie_embeddings,
+      rms_norm_eps=cfg.norm_eps,
+      rope_parameters=hf_rope_parameters(cfg),
+      dtype=cfg.param_dtype,
+  )
+  if cfg.rope_scaling == "llama3":
+    config["max_position_embeddings"] = int(
+        cfg.rope_original_max_length * cfg.rope_scaling_factor)
+  return config
+
+
+def hf_layer_types(cfg: ModelConfig) -> list[str]:
+  """Hugging Face `layer_types` of `cfg`'s local/global layer pattern."""
+  return ["full_attention" if window is None else "sliding_attention"
+          for window in cfg.layer_windows()]
 
 
 def global_layer_interval(layer_types: Sequence[str]) -> int:

@@ -2,7 +2,9 @@
 
 `load_hf_weights(model, state_dict)` copies a Hugging Face state dict (name ->
 numpy array, e.g. from safetensors) into a model built by
-`registry.create_model`; `to_hf_weights(model)` is the inverse. Names and
+`registry.create_model` (or an abstract one from `nnx.eval_shape`, filled
+tensor by tensor); `to_hf_weights(model)` is the inverse, and
+`iter_hf_weights(model)` yields the same tensors one at a time. Names and
 layouts come from the family's `HF_PARAMS` (whole-model parameters) and
 `HF_BLOCK_PARAMS` (per layer, "{layer}" in the name); both the scanned
 layout (parameters stacked over layers) and the unscanned one (a list of
@@ -138,7 +140,7 @@ def load_hf_weights(model: nnx.Module,
       raise KeyError(f"Hugging Face weight {name!r} is missing (needed for "
                      f"{'.'.join(entry.path)}).")
     used.add(name)
-    return entry.to_ours(_float_array(name, state_dict[name]), shape)
+    return entry.to_ours(_float_array(name, state_dict[name]), shape, name)
 
   num_layers = model.cfg.num_layers
   for entry, variable, layer in _entries(model):
@@ -149,7 +151,8 @@ def load_hf_weights(model: nnx.Module,
                         for name in _names(entry, num_layers)])
     else:
       value = fetch(entry, entry.hf_name, variable.shape)
-    variable[...] = jnp.asarray(value, variable.dtype)
+    # Replaces the value, so an abstract model (`nnx.eval_shape`) fills too.
+    variable.value = jnp.asarray(value, variable.dtype)
   family = registry.family_module(model.cfg.family)
   known = {entry.hf_name for entry in family.HF_PARAMS}
   # Weights of parameters this configuration lacks (a tied model's lm_head)
@@ -160,17 +163,21 @@ def load_hf_weights(model: nnx.Module,
                      f"{model.cfg.family} model: {unexpected}.")
 
 
-def to_hf_weights(model: nnx.Module) -> dict[str, np.ndarray]:
-  """Returns `model`'s parameters as a Hugging Face state dict (numpy)."""
-  state_dict = {}
+def iter_hf_weights(model: nnx.Module) -> Iterator[tuple[str, np.ndarray]]:
+  """Yields `model`'s parameters as (Hugging Face name, numpy array), one at
+  a time, so a writer can store each before the next is made."""
   num_layers = model.cfg.num_layers
   for entry, variable, layer in _entries(model):
     array = np.asarray(variable[...])
     if layer is not None:
-      state_dict[entry.hf_name.format(layer=layer)] = entry.to_hf(array)
+      yield entry.hf_name.format(layer=layer), entry.to_hf(array)
     elif "{layer}" in entry.hf_name:
       for name, layer_array in zip(_names(entry, num_layers), array):
-        state_dict[name] = entry.to_hf(layer_array)
+        yield name, entry.to_hf(layer_array)
     else:
-      state_dict[entry.hf_name] = entry.to_hf(array)
-  return state_dict
+      yield entry.hf_name, entry.to_hf(array)
+
+
+def to_hf_weights(model: nnx.Module) -> dict[str, np.ndarray]:
+  """Returns `model`'s parameters as a Hugging Face state dict (numpy)."""
+  return dict(iter_hf_weights(model))

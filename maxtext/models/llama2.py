@@ -18,9 +18,16 @@ MODEL_CLASS = decoder.Decoder
 
 HF_PARAMS = llama3.HF_PARAMS
 HF_BLOCK_PARAMS = llama3.HF_BLOCK_PARAMS
+HF_MODEL_TYPE = llama3.HF_MODEL_TYPE
+HF_ARCHITECTURE = llama3.HF_ARCHITECTURE
 
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   """`ModelConfig` of a Hugging Face Llama 2 config (see `llama3`)."""
   return dataclasses.replace(llama3.model_config_from_hf(hf_config),
                              family="llama2")
+
+
+def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
+  """Hugging Face `config.json` of `cfg` (Llama's keys)."""
+  return llama3.hf_config_from_model_config(cfg)

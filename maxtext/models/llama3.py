@@ -20,6 +20,9 @@ MODEL_CLASS = decoder.Decoder
 HF_PARAMS = hf_params.COMMON_PARAMS
 HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + (hf_params.PRE_MLP_NORM,)
 
+HF_MODEL_TYPE = "llama"
+HF_ARCHITECTURE = "LlamaForCausalLM"
+
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   """`ModelConfig` of a Hugging Face Llama config.
@@ -40,3 +43,11 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       mlp_activation="silu",
       **hf_params.decoder_fields(hf, tie_embeddings_default=False),
   )
+
+
+def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
+  """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`)."""
+  return dict(
+      hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
+                                  architecture=HF_ARCHITECTURE),
+      hidden_act="silu", attention_bias=False, mlp_bias=False)

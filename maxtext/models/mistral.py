@@ -21,6 +21,9 @@ MODEL_CLASS = decoder.Decoder
 HF_PARAMS = hf_params.COMMON_PARAMS
 HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + (hf_params.PRE_MLP_NORM,)
 
+HF_MODEL_TYPE = "mistral"
+HF_ARCHITECTURE = "MistralForCausalLM"
+
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   """`ModelConfig` of a Hugging Face Mistral config.
@@ -51,3 +54,11 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       rope_local_theta=fields["rope_theta"],
       **fields,
   )
+
+
+def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
+  """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`)."""
+  return dict(
+      hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
+                                  architecture=HF_ARCHITECTURE),
+      hidden_act="silu", sliding_window=cfg.sliding_window or None)

@@ -21,6 +21,9 @@ HF_PARAMS = hf_params.COMMON_PARAMS
 HF_BLOCK_PARAMS = (hf_params.COMMON_BLOCK_PARAMS + (hf_params.PRE_MLP_NORM,) +
                    hf_params.QKV_BIASES)
 
+HF_MODEL_TYPE = "qwen2"
+HF_ARCHITECTURE = "Qwen2ForCausalLM"
+
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   """`ModelConfig` of a Hugging Face Qwen 2 / 2.5 config.
@@ -45,3 +48,11 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       mlp_activation="silu",
       **hf_params.decoder_fields(hf, tie_embeddings_default=False),
   )
+
+
+def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
+  """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`)."""
+  return dict(
+      hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
+                                  architecture=HF_ARCHITECTURE),
+      hidden_act="silu", use_sliding_window=False)

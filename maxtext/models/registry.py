@@ -5,6 +5,9 @@ A family is a module in `maxtext/models/` that exposes:
   model_config_from_hf(hf_config: dict) -> ModelConfig.
   HF_PARAMS: `maxtext.models.hf_weights.ParamMap` entries for the
     Hugging Face checkpoint layout.
+  HF_MODEL_TYPE, HF_ARCHITECTURE: the Hugging Face `config.json` model_type
+    and architecture class name.
+  hf_config_from_model_config(cfg) -> dict: the `config.json` of `cfg`.
 Adding a family adds one entry here; shared code never branches on family.
 """
 
@@ -32,6 +35,38 @@ FAMILIES: dict[str, types.ModuleType] = {
     "qwen2_5": qwen2_5,
     "qwen3": qwen3,
 }
+
+# Hugging Face `config.json` model_type -> family. Llama 2 checkpoints have
+# Llama's model_type and load as llama3 (the same model code and layout).
+HF_MODEL_TYPES: dict[str, str] = {
+    "gemma": "gemma",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+    "llama": "llama3",
+    "mistral": "mistral",
+    "qwen2": "qwen2_5",
+    "qwen3": "qwen3",
+}
+HF_ARCHITECTURES: dict[str, str] = {
+    FAMILIES[family].HF_ARCHITECTURE: family
+    for family in HF_MODEL_TYPES.values()
+}
+
+
+def family_from_hf_config(hf_config: dict) -> str:
+  """The family of a Hugging Face `config.json` (its model_type, else its
+  architectures); ValueError listing the supported ones."""
+  model_type = hf_config.get("model_type")
+  if model_type in HF_MODEL_TYPES:
+    return HF_MODEL_TYPES[model_type]
+  for architecture in hf_config.get("architectures") or ():
+    if architecture in HF_ARCHITECTURES:
+      return HF_ARCHITECTURES[architecture]
+  raise ValueError(
+      f"Unsupported Hugging Face architecture (model_type={model_type!r}, "
+      f"architectures={hf_config.get('architectures')}); supported "
+      f"model_types: {sorted(HF_MODEL_TYPES)}, architectures: "
+      f"{sorted(HF_ARCHITECTURES)}.")
 
 
 def family_module(family: str) -> types.ModuleType:

@@ -1,0 +1,63 @@
+r"""Converts checkpoints between Hugging Face folders and ours (Orbax).
+
+Hugging Face -> ours: reads config.json and *.safetensors from --hf_dir and
+writes a self-describing checkpoint to --out (model_config.json, Orbax
+params, tokenizer files). Ours -> Hugging Face (--to_hf): reads a converted
+checkpoint or a training checkpoint (<workdir>/checkpoints/<step>, or a
+workdir for its latest) and writes config.json, sharded safetensors and the
+tokenizer files, loadable by transformers.AutoModelForCausalLM.
+
+Examples:
+
+  tools/bazel run //maxtext/bin:convert_ckpt -- \
+      --hf_dir=~/models/Qwen3-0.6B --out=ckpts/qwen3_0.6b --dtype=bfloat16
+  tools/bazel run //maxtext/bin:convert_ckpt -- --to_hf \
+      --checkpoint=runs/gemma3/checkpoints/150 --out=exports/gemma3
+"""
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from maxtext.checkpoint import hf_convert
+from maxtext.trainers import workdir as workdir_lib
+
+_HF_DIR = flags.DEFINE_string(
+    "hf_dir", None, "Hugging Face folder (config.json + *.safetensors).")
+_OUT = flags.DEFINE_string("out", None, "Output folder.")
+_TO_HF = flags.DEFINE_bool(
+    "to_hf", False, "Convert --checkpoint to a Hugging Face folder.")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", None, "With --to_hf: a converted checkpoint, a training "
+    "checkpoint <workdir>/checkpoints/<step>, or a workdir (latest step).")
+_SCAN_LAYERS = flags.DEFINE_bool(
+    "scan_layers", True, "Store the scanned layout (layers stacked).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                           "Stored parameter dtype.")
+_MAX_SHARD_SIZE = flags.DEFINE_string(
+    "max_shard_size", "5GB", "With --to_hf: most bytes per safetensors file.")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  out = workdir_lib.user_path(_OUT.value)
+  if _TO_HF.value:
+    if not _CHECKPOINT.value or _HF_DIR.value:
+      raise app.UsageError("--to_hf needs --checkpoint (and no --hf_dir).")
+    checkpoint = workdir_lib.user_path(_CHECKPOINT.value)
+    logging.info("Exporting %s to Hugging Face folder %s.", checkpoint, out)
+    hf_convert.orbax_to_hf(checkpoint, out,
+                           max_shard_size=_MAX_SHARD_SIZE.value)
+  else:
+    if not _HF_DIR.value or _CHECKPOINT.value:
+      raise app.UsageError("Give --hf_dir (or --to_hf with --checkpoint).")
+    hf_dir = workdir_lib.user_path(_HF_DIR.value)
+    logging.info("Converting %s to %s.", hf_dir, out)
+    hf_convert.hf_to_orbax(hf_dir, out, scan_layers=_SCAN_LAYERS.value,
+                           dtype=_DTYPE.value)
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("out")
+  app.run(main)

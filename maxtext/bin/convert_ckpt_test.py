@@ -1,0 +1,59 @@
+"""Tests the convert_ckpt binary: both directions, paths from the user's dir."""
+
+import json
+import os
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import flagsaver
+from flax import nnx
+import numpy as np
+
+from maxtext.bin import convert_ckpt
+from maxtext.checkpoint import hf_convert
+from maxtext.checkpoint import safetensors_io
+from maxtext.common.model_config import ModelConfig
+from maxtext.models import hf_weights
+from maxtext.models import registry
+
+
+def _write_hf_folder(folder: str) -> dict[str, np.ndarray]:
+  cfg = ModelConfig(family="qwen3", vocab_size=64, num_layers=2, embed_dim=16,
+                    mlp_dim=32, num_heads=2, num_kv_heads=1, head_dim=8,
+                    qk_norm=True, tie_embeddings=False)
+  tensors = hf_weights.to_hf_weights(
+      registry.create_model(cfg, rngs=nnx.Rngs(0)))
+  safetensors_io.write_weights(folder, lambda: iter(tensors.items()))
+  with open(os.path.join(folder, "config.json"), "w") as f:
+    json.dump(hf_convert.hf_config_dict(cfg), f)
+  return tensors
+
+
+class ConvertBinaryTest(absltest.TestCase):
+
+  def test_round_trip_with_relative_paths(self):
+    user_dir = self.create_tempdir().full_path
+    want = _write_hf_folder(os.path.join(user_dir, "hf"))
+    with mock.patch.dict(os.environ, {"BUILD_WORKING_DIRECTORY": user_dir}):
+      with flagsaver.flagsaver(hf_dir="hf", out="ours", scan_layers=False):
+        convert_ckpt.main(["convert_ckpt"])
+      with flagsaver.flagsaver(to_hf=True, checkpoint="ours", out="back",
+                               max_shard_size="2KB"):
+        convert_ckpt.main(["convert_ckpt"])
+    with open(os.path.join(user_dir, "ours", "model_config.json")) as f:
+      self.assertFalse(json.load(f)["scan_layers"])
+    got = safetensors_io.open_weights(os.path.join(user_dir, "back"))
+    self.assertTrue(os.path.exists(os.path.join(
+        user_dir, "back", "model.safetensors.index.json")))
+    self.assertEqual(sorted(got), sorted(want))
+    for name, array in want.items():
+      np.testing.assert_array_equal(got[name], array, err_msg=name)
+
+  def test_to_hf_needs_a_checkpoint(self):
+    with flagsaver.flagsaver(to_hf=True, out="x"):
+      with self.assertRaisesRegex(Exception, "--to_hf needs --checkpoint"):
+        convert_ckpt.main(["convert_ckpt"])
+
+
+if __name__ == "__main__":
+  absltest.main()

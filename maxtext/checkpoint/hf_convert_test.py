@@ -1,0 +1,263 @@
+"""HF checkpoint folder -> converted checkpoint -> HF folder, per family.
+
+Each family: a tiny random `transformers` model is saved with
+`save_pretrained` (sharded in the scanned case), converted, loaded from the
+Orbax output and compared with transformers' logits; exported back, its
+tensors must equal the originals bit for bit and `AutoModelForCausalLM` must
+load it and give the same logits.
+"""
+
+import dataclasses
+import json
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import jax.numpy as jnp
+import numpy as np
+from safetensors import numpy as safetensors_numpy
+import torch
+import transformers
+
+from configs import gemma as gemma_config
+from configs import gemma2 as gemma2_config
+from configs import gemma3 as gemma3_config
+from configs import llama2 as llama2_config
+from configs import llama3 as llama3_config
+from configs import mistral as mistral_config
+from configs import qwen2_5 as qwen2_5_config
+from configs import qwen3 as qwen3_config
+from maxtext.checkpoint import hf_convert
+from maxtext.checkpoint import params_checkpoint
+from maxtext.common.model_config import ModelConfig
+from maxtext.models import registry
+from testing import hf_reference
+
+_TOKENS = np.random.RandomState(0).randint(0, 128, size=(2, 16))
+_TOLERANCE = 1e-4
+_SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=96,
+              num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64)
+# family -> (config class, model class, config changes, norm mean).
+_FAMILIES = {
+    "llama3": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+               dict(head_dim=16, rope_scaling=dict(
+                   rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                   high_freq_factor=4.0, original_max_position_embeddings=8)),
+               1.0),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM,
+                dict(head_dim=16, sliding_window=5), 1.0),
+    "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM,
+              dict(num_key_value_heads=1, head_dim=24), 0.0),
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
+               dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=5,
+                    attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                    attn_implementation="eager"), 0.0),
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,
+               dict(num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24,
+                    sliding_window=5, layer_types=[
+                        "sliding_attention", "sliding_attention",
+                        "full_attention"],
+                    rope_scaling=dict(rope_type="linear", factor=8.0)), 0.0),
+    "qwen2_5": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+                dict(tie_word_embeddings=True), 1.0),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+              dict(head_dim=24), 1.0),
+}
+_CONFIG_MODULES = {
+    "gemma": gemma_config, "gemma2": gemma2_config, "gemma3": gemma3_config,
+    "llama2": llama2_config, "llama3": llama3_config,
+    "mistral": mistral_config, "qwen2_5": qwen2_5_config,
+    "qwen3": qwen3_config,
+}
+
+
+def _tiny_hf_model(family: str) -> torch.nn.Module:
+  config_class, model_class, changes, norm_mean = _FAMILIES[family]
+  return hf_reference.random_hf_model(
+      model_class, config_class(**{**_SIZES, **changes}), norm_mean=norm_mean)
+
+
+def _hf_logits(hf_model: torch.nn.Module) -> np.ndarray:
+  with torch.no_grad():
+    return hf_model(torch.tensor(_TOKENS)).logits.numpy()
+
+
+def _tensors(folder: str) -> dict[str, np.ndarray]:
+  tensors = {}
+  for name in sorted(os.listdir(folder)):
+    if name.endswith(".safetensors"):
+      tensors.update(safetensors_numpy.load_file(os.path.join(folder, name)))
+  return tensors
+
+
+class FamilyConversionTest(parameterized.TestCase):
+
+  @parameterized.parameters(*sorted(_FAMILIES))
+  def test_hf_to_ours_to_hf(self, family):
+    hf_model = _tiny_hf_model(family)
+    want_logits = _hf_logits(hf_model)
+    hf_dir = self.create_tempdir().full_path
+    # A small shard size gives a sharded checkpoint with an index.
+    hf_model.save_pretrained(hf_dir, max_shard_size="40KB")
+    self.assertTrue(os.path.exists(
+        os.path.join(hf_dir, "model.safetensors.index.json")))
+    want_tensors = _tensors(hf_dir)
+    for scan_layers in (True, False):
+      with self.subTest(scan_layers=scan_layers):
+        ours = self.create_tempdir().full_path
+        hf_convert.hf_to_orbax(hf_dir, ours, scan_layers=scan_layers)
+
+        cfg, params = params_checkpoint.load_converted(ours)
+        self.assertEqual((cfg.family, cfg.scan_layers), (family, scan_layers))
+        model = params_checkpoint.model_from_params(cfg, params)
+        logits = nnx.jit(lambda m, t: m(t))(model, jnp.asarray(_TOKENS))
+        diff = float(np.abs(np.asarray(logits) - want_logits).max())
+        print(f"{family} scan_layers={scan_layers}: max |logit diff| = "
+              f"{diff:.3g} (max |logit| {np.abs(want_logits).max():.3g})")
+        self.assertLessEqual(diff, _TOLERANCE)
+
+        back = self.create_tempdir().full_path
+        files = hf_convert.orbax_to_hf(
+            ours, back, max_shard_size="40KB" if scan_layers else "1GB")
+        self.assertEqual(len(files) > 1, scan_layers)
+        self.assertEqual(os.path.exists(
+            os.path.join(back, "model.safetensors.index.json")), scan_layers)
+        got_tensors = _tensors(back)
+        self.assertEqual(sorted(got_tensors), sorted(want_tensors))
+        for name, array in want_tensors.items():
+          self.assertEqual(got_tensors[name].dtype, array.dtype, name)
+          np.testing.assert_array_equal(got_tensors[name], array,
+                                        err_msg=name)
+        reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+            back, attn_implementation="eager").eval()
+        self.assertIsInstance(reloaded, type(hf_model))
+        np.testing.assert_allclose(_hf_logits(reloaded), want_logits,
+                                   rtol=0, atol=1e-5)
+
+  def test_bfloat16_storage(self):
+    hf_model = _tiny_hf_model("qwen3")
+    hf_dir = self.create_tempdir().full_path
+    hf_model.save_pretrained(hf_dir)
+    ours = self.create_tempdir().full_path
+    cfg = hf_convert.hf_to_orbax(hf_dir, ours, dtype="bfloat16")
+    self.assertEqual(cfg.param_dtype, "bfloat16")
+    _, params = params_checkpoint.load_converted(ours)
+    embedding = params["embedder"]["embedding"]
+    self.assertEqual(embedding.dtype, jnp.bfloat16)
+    want = hf_model.model.embed_tokens.weight.detach().to(torch.bfloat16)
+    np.testing.assert_array_equal(np.asarray(embedding, np.float32),
+                                  want.float().numpy())
+    back = self.create_tempdir().full_path
+    hf_convert.orbax_to_hf(ours, back)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(back)
+    self.assertEqual(reloaded.dtype, torch.bfloat16)
+    np.testing.assert_array_equal(
+        reloaded.model.embed_tokens.weight.float().detach().numpy(),
+        want.float().numpy())
+
+  def test_tokenizer_files_travel_both_ways(self):
+    hf_model = _tiny_hf_model("llama3")
+    hf_dir = self.create_tempdir().full_path
+    hf_model.save_pretrained(hf_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+      with open(os.path.join(hf_dir, name), "w", encoding="utf-8") as f:
+        f.write(f'{{"file": "{name}"}}')
+    with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
+      original = json.load(f)
+    ours = self.create_tempdir().full_path
+    hf_convert.hf_to_orbax(hf_dir, ours)
+    back = self.create_tempdir().full_path
+    hf_convert.orbax_to_hf(ours, back)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+      with open(os.path.join(back, name), encoding="utf-8") as f:
+        self.assertEqual(json.load(f), {"file": name})
+    with open(os.path.join(back, "config.json"), encoding="utf-8") as f:
+      exported = json.load(f)
+    for key in ("bos_token_id", "eos_token_id"):
+      self.assertEqual(exported[key], original[key])
+
+
+class HfConfigTest(parameterized.TestCase):
+
+  @parameterized.parameters(*sorted(_CONFIG_MODULES))
+  def test_config_round_trip(self, family):
+    # The family's config file: our config -> config.json -> ours.
+    module = registry.family_module(family)
+    cfg = ModelConfig.from_dict(_CONFIG_MODULES[family].get_config().model)
+    hf = json.loads(json.dumps(hf_convert.hf_config_dict(cfg)))
+    self.assertEqual(hf["architectures"], [module.HF_ARCHITECTURE])
+    self.assertIn(registry.family_from_hf_config(hf),
+                  (family, "llama3"))  # Llama 2 loads as Llama 3.
+    back = module.model_config_from_hf(hf)
+    self.assertEqual(back.query_scale, cfg.query_scale)
+    # Not architecture: compute choices, and None vs head_dim for the scalar.
+    ignored = ("dtype", "param_dtype", "scan_layers", "attention_impl",
+               "remat_policy", "query_pre_attn_scalar")
+    self.assertEqual(
+        {k: v for k, v in dataclasses.asdict(back).items() if k not in ignored},
+        {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ignored})
+
+
+class BadInputTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.hf_dir = self.create_tempdir().full_path
+    _tiny_hf_model("llama3").save_pretrained(self.hf_dir)
+    self.out = os.path.join(self.create_tempdir().full_path, "out")
+
+  def _edit_config(self, **changes):
+    path = os.path.join(self.hf_dir, "config.json")
+    with open(path, encoding="utf-8") as f:
+      config = json.load(f)
+    config.update(changes)
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(config, f)
+
+  def test_missing_config(self):
+    os.remove(os.path.join(self.hf_dir, "config.json"))
+    with self.assertRaisesRegex(hf_convert.ConversionError,
+                                "has no config.json"):
+      hf_convert.hf_to_orbax(self.hf_dir, self.out)
+
+  def test_unsupported_architecture_lists_supported(self):
+    self._edit_config(model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    with self.assertRaisesRegex(
+        hf_convert.ConversionError,
+        r"config.json.*'gpt2'.*GPT2LMHeadModel.*supported model_types: "
+        r"\['gemma', .*'qwen3'\]"):
+      hf_convert.hf_to_orbax(self.hf_dir, self.out)
+
+  def test_missing_weights(self):
+    os.remove(os.path.join(self.hf_dir, "model.safetensors"))
+    with self.assertRaisesRegex(hf_convert.ConversionError,
+                                "No \\*.safetensors weights in"):
+      hf_convert.hf_to_orbax(self.hf_dir, self.out)
+
+  def test_shape_mismatch_names_tensor_and_shapes(self):
+    self._edit_config(intermediate_size=48)
+    with self.assertRaisesRegex(
+        hf_convert.ConversionError,
+        r"model.layers.0.mlp.gate_proj.weight'?: shape \(96, 64\) does not "
+        r"fit .* \(expected Hugging Face shape \(48, 64\)\)"):
+      hf_convert.hf_to_orbax(self.hf_dir, self.out)
+
+  def test_missing_tensor_is_named(self):
+    path = os.path.join(self.hf_dir, "model.safetensors")
+    tensors = safetensors_numpy.load_file(path)
+    del tensors["model.layers.1.self_attn.k_proj.weight"]
+    safetensors_numpy.save_file(tensors, path, metadata={"format": "pt"})
+    with self.assertRaisesRegex(hf_convert.ConversionError,
+                                "model.layers.1.self_attn.k_proj.weight"):
+      hf_convert.hf_to_orbax(self.hf_dir, self.out)
+
+  def test_not_a_checkpoint(self):
+    with self.assertRaisesRegex(hf_convert.ConversionError,
+                                "is not a checkpoint"):
+      hf_convert.orbax_to_hf(self.hf_dir, self.out)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,196 @@
+"""Parameters-only checkpoints that describe their model, and reading the
+parameters of a training checkpoint.
+
+A converted checkpoint folder (written by `save_converted`, e.g. by
+`//maxtext/bin:convert_ckpt`) holds:
+  model_config.json  the `ModelConfig` as JSON (family, sizes, layout, dtype);
+  params/            an Orbax checkpoint of the parameters: the nested dict of
+                     `nnx.to_pure_dict(nnx.state(model, nnx.Param))`, the same
+                     tree as `TrainState.params`, so training can start from it;
+  plus any extra files (tokenizer, the original Hugging Face config).
+
+`load_converted(dir) -> (ModelConfig, params)` needs nothing else. A training
+checkpoint (`<workdir>/checkpoints/<step>/state`, parameters plus optimizer
+state) is read by `load_training_params(step_dir)`, which restores the
+parameters only; its model config comes from `<workdir>/config.json`.
+`load_params(path)` accepts either (or a workdir: its latest checkpoint).
+
+Parameters are restored onto one device (the first), replicated.
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+from flax import nnx
+import jax
+import orbax.checkpoint as ocp
+
+from maxtext.common.model_config import ModelConfig
+from maxtext.models import registry
+
+MODEL_CONFIG_FILENAME = "model_config.json"
+PARAMS_DIRNAME = "params"
+# The train binary's layout (maxtext.trainers.workdir and
+# maxtext.checkpoint.manager); not imported, trainers sit above checkpoint.
+WORKDIR_CONFIG_FILENAME = "config.json"
+CHECKPOINTS_DIRNAME = "checkpoints"
+STATE_ITEM = "state"
+
+
+class ParamsCheckpointError(ValueError):
+  """A checkpoint is missing or unreadable; the message names the path."""
+
+
+def abstract_model(cfg: ModelConfig) -> nnx.Module:
+  """`cfg`'s model with `jax.ShapeDtypeStruct` values (nothing allocated)."""
+  return nnx.eval_shape(lambda: registry.create_model(cfg, rngs=nnx.Rngs(0)))
+
+
+def model_params(model: nnx.Module) -> dict[str, Any]:
+  """The parameter tree saved in a converted checkpoint."""
+  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def model_from_params(cfg: ModelConfig, params: dict[str, Any]) -> nnx.Module:
+  """`cfg`'s model holding `params` (the arrays are used, not copied)."""
+  graphdef, state, rest = nnx.split(abstract_model(cfg), nnx.Param, ...)
+  if jax.tree.leaves(rest):
+    raise ParamsCheckpointError(
+        f"The {cfg.family} model has non-parameter variables, which a "
+        "params-only checkpoint does not hold.")
+  nnx.replace_by_pure_dict(state, params)
+  return nnx.merge(graphdef, state, rest)
+
+
+def _abstract_params(cfg: ModelConfig) -> dict[str, Any]:
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+      model_params(abstract_model(cfg)))
+
+
+def save_converted(out_dir: str, cfg: ModelConfig,
+                   params: dict[str, Any]) -> None:
+  """Writes `cfg` and `params` as a converted checkpoint in `out_dir`.
+
+  Raises:
+    ParamsCheckpointError: `out_dir` already holds parameters.
+  """
+  params_dir = os.path.join(os.path.abspath(out_dir), PARAMS_DIRNAME)
+  if os.path.exists(params_dir):
+    raise ParamsCheckpointError(f"{params_dir} already exists; choose an "
+                                "empty output folder.")
+  os.makedirs(out_dir, exist_ok=True)
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(params_dir, params)
+    checkpointer.wait_until_finished()
+  with open(os.path.join(out_dir, MODEL_CONFIG_FILENAME), "w",
+            encoding="utf-8") as f:
+    json.dump(dataclasses.asdict(cfg), f, indent=2)
+    f.write("\n")
+
+
+def _read_json(path: str) -> dict[str, Any]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except FileNotFoundError:
+    raise ParamsCheckpointError(f"{path} does not exist.") from None
+  except json.JSONDecodeError as e:
+    raise ParamsCheckpointError(f"{path} is not valid JSON: {e}") from e
+
+
+def _model_config(values: dict[str, Any], path: str) -> ModelConfig:
+  try:
+    return ModelConfig.from_dict(values)
+  except (TypeError, ValueError) as e:
+    raise ParamsCheckpointError(f"{path}: invalid model config: {e}") from e
+
+
+def _restore(path: str, cfg: ModelConfig, *, params_key: str | None):
+  """Restores the parameters of `cfg` from the Orbax checkpoint at `path`
+  (under `params_key` of its tree when given, the rest left unread)."""
+  target = _abstract_params(cfg)
+  if params_key:
+    target = {params_key: target}
+  try:
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
+          item=target,
+          restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+          partial_restore=True))
+  except Exception as e:  # Orbax and TensorStore raise many kinds.
+    raise ParamsCheckpointError(
+        f"Parameters in {path} could not be restored for the {cfg.family} "
+        f"model (missing, corrupt, or another model): {type(e).__name__}: "
+        f"{e}") from e
+  return restored[params_key] if params_key else restored
+
+
+def load_converted(checkpoint_dir: str) -> tuple[ModelConfig, dict[str, Any]]:
+  """(ModelConfig, params) of a converted checkpoint (see module docstring).
+
+  Raises:
+    ParamsCheckpointError: a file is missing or unreadable (names it).
+  """
+  checkpoint_dir = os.path.abspath(checkpoint_dir)
+  config_path = os.path.join(checkpoint_dir, MODEL_CONFIG_FILENAME)
+  cfg = _model_config(_read_json(config_path), config_path)
+  params = _restore(os.path.join(checkpoint_dir, PARAMS_DIRNAME), cfg,
+                    params_key=None)
+  return cfg, params
+
+
+def training_workdir(step_dir: str) -> str:
+  """The workdir of training checkpoint `<workdir>/checkpoints/<step>`."""
+  return os.path.dirname(os.path.dirname(os.path.abspath(step_dir)))
+
+
+def load_training_params(step_dir: str) -> tuple[ModelConfig, dict[str, Any]]:
+  """(ModelConfig, params) of a train-binary checkpoint; optimizer state and
+  the rest are not read.
+
+  Raises:
+    ParamsCheckpointError: the checkpoint or `<workdir>/config.json` is
+      missing or unreadable (names it).
+  """
+  config_path = os.path.join(training_workdir(step_dir),
+                             WORKDIR_CONFIG_FILENAME)
+  config = _read_json(config_path)
+  if "model" not in config:
+    raise ParamsCheckpointError(f"{config_path} has no 'model' section.")
+  cfg = _model_config(config["model"], config_path)
+  params = _restore(os.path.join(os.path.abspath(step_dir), STATE_ITEM), cfg,
+                    params_key="params")
+  return cfg, params
+
+
+def _latest_step_dir(checkpoints_dir: str) -> str:
+  steps = [int(name) for name in os.listdir(checkpoints_dir) if name.isdigit()]
+  if not steps:
+    raise ParamsCheckpointError(f"No finished checkpoint in {checkpoints_dir}.")
+  return os.path.join(checkpoints_dir, str(max(steps)))
+
+
+def load_params(path: str) -> tuple[ModelConfig, dict[str, Any]]:
+  """(ModelConfig, params) of a converted checkpoint, a training checkpoint
+  `<workdir>/checkpoints/<step>`, or a workdir (its latest checkpoint).
+
+  Raises:
+    ParamsCheckpointError: `path` is none of these, or cannot be read.
+  """
+  path = os.path.abspath(path)
+  if os.path.exists(os.path.join(path, MODEL_CONFIG_FILENAME)):
+    return load_converted(path)
+  if os.path.isdir(os.path.join(path, STATE_ITEM)):
+    return load_training_params(path)
+  if os.path.isdir(os.path.join(path, CHECKPOINTS_DIRNAME)):
+    return load_training_params(
+        _latest_step_dir(os.path.join(path, CHECKPOINTS_DIRNAME)))
+  raise ParamsCheckpointError(
+      f"{path} is not a checkpoint: expected a converted checkpoint (with "
+      f"{MODEL_CONFIG_FILENAME}), a training checkpoint "
+      f"<workdir>/{CHECKPOINTS_DIRNAME}/<step> (with {STATE_ITEM}/) or a "
+      "training workdir.")

@@ -1,0 +1,90 @@
+"""A training checkpoint exports to Hugging Face; checkpoint path errors."""
+
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers
+
+from configs import llama3
+from maxtext.checkpoint import hf_convert
+from maxtext.checkpoint import params_checkpoint
+from maxtext.trainers import pretrain
+
+_TOKENS = np.random.RandomState(0).randint(0, 256, size=(2, 12))
+
+
+def _tiny_config(*, scan_layers: bool):
+  """The real llama3 config, shrunk to train 2 steps in seconds."""
+  config = llama3.get_config()
+  config.model.update(dict(vocab_size=256, num_layers=2, embed_dim=32,
+                           mlp_dim=64, num_heads=4, num_kv_heads=2,
+                           head_dim=8, scan_layers=scan_layers))
+  config.data.source = "synthetic"
+  config.data.seq_len = 16
+  config.train.steps = 2
+  config.train.batch_size = 2
+  config.optimizer.warmup_steps = 1
+  config.checkpoint.every_steps = 1
+  config.checkpoint.async_save = False
+  config.logging.every_steps = 1
+  config.logging.tensorboard = False
+  return config
+
+
+class TrainingCheckpointTest(parameterized.TestCase):
+
+  @parameterized.parameters(True, False)
+  def test_exports_to_hugging_face(self, scan_layers):
+    workdir = self.create_tempdir().full_path
+    result = pretrain.train(_tiny_config(scan_layers=scan_layers), workdir)
+    ours = nnx.jit(lambda m, t: m(t))(result.state.model(),
+                                      jnp.asarray(_TOKENS))
+    step_dir = os.path.join(workdir, "checkpoints", "2")
+    cfg, params = params_checkpoint.load_params(step_dir)
+    self.assertEqual((cfg.family, cfg.scan_layers), ("llama3", scan_layers))
+    # The restored parameters are the trained ones.
+    np.testing.assert_array_equal(
+        np.asarray(params["final_norm"]["scale"]),
+        np.asarray(result.state.params["final_norm"]["scale"]))
+
+    # A step folder and the workdir (latest step) both export.
+    for checkpoint in (step_dir, workdir):
+      out = self.create_tempdir().full_path
+      hf_convert.orbax_to_hf(checkpoint, out)
+      hf_model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+      with torch.no_grad():
+        want = hf_model(torch.tensor(_TOKENS)).logits.numpy()
+      diff = float(np.abs(np.asarray(ours) - want).max())
+      print(f"training checkpoint scan_layers={scan_layers}: max |logit "
+            f"diff| = {diff:.3g} (max |logit| {np.abs(want).max():.3g})")
+      self.assertLessEqual(diff, 1e-4)
+
+  def test_not_a_checkpoint(self):
+    folder = self.create_tempdir().full_path
+    with self.assertRaisesRegex(params_checkpoint.ParamsCheckpointError,
+                                f"{folder} is not a checkpoint"):
+      params_checkpoint.load_params(folder)
+
+  def test_training_checkpoint_without_workdir_config(self):
+    step_dir = os.path.join(self.create_tempdir().full_path, "checkpoints",
+                            "3")
+    os.makedirs(os.path.join(step_dir, "state"))
+    with self.assertRaisesRegex(params_checkpoint.ParamsCheckpointError,
+                                r"config.json does not exist"):
+      params_checkpoint.load_params(step_dir)
+
+  def test_converted_checkpoint_without_params(self):
+    folder = self.create_tempdir()
+    folder.create_file("model_config.json", content='{"family": "llama3"}')
+    with self.assertRaisesRegex(params_checkpoint.ParamsCheckpointError,
+                                "model_config.json: invalid model config"):
+      params_checkpoint.load_params(folder.full_path)
+
+
+if __name__ == "__main__":
+  absltest.main()
