@@ -27,16 +27,16 @@ from flax import nnx
 import jax
 import orbax.checkpoint as ocp
 
+from maxtext.checkpoint.manager import STATE_ITEM
 from maxtext.common.model_config import ModelConfig
 from maxtext.models import registry
 
 MODEL_CONFIG_FILENAME = "model_config.json"
 PARAMS_DIRNAME = "params"
-# The train binary's layout (maxtext.trainers.workdir and
-# maxtext.checkpoint.manager); not imported, trainers sit above checkpoint.
+# The train binary's workdir layout (maxtext.trainers.workdir); not imported,
+# trainers sit above checkpoint.
 WORKDIR_CONFIG_FILENAME = "config.json"
 CHECKPOINTS_DIRNAME = "checkpoints"
-STATE_ITEM = "state"
 
 
 class ParamsCheckpointError(ValueError):

@@ -216,13 +216,10 @@ def replicated(mesh: Mesh) -> NamedSharding:
 BATCH_AXES = ("data", "fsdp", "fsdp_transpose", "expert")
 
 
-def batch_sharding(mesh: Mesh,
-                   spec: PartitionSpec | None = None) -> NamedSharding:
-  """Sharding of a [B, L] batch: `spec`, or B split over `BATCH_AXES`."""
-  if spec is None:
-    spec = PartitionSpec(tuple(a for a in BATCH_AXES if mesh.shape[a] > 1)
-                         or None)
-  return NamedSharding(mesh, spec)
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Sharding of a [B, L] batch without rules: B split over `BATCH_AXES`."""
+  return NamedSharding(mesh, PartitionSpec(
+      tuple(a for a in BATCH_AXES if mesh.shape[a] > 1) or None))
 
 
 def batch_to_device(mesh: Mesh, local_batch: Mapping[str, np.ndarray],

@@ -20,15 +20,17 @@ from absl import flags
 import jax
 from ml_collections import config_flags
 
+from maxtext.trainers import config_flag
 from maxtext.trainers import pretrain
 from maxtext.trainers import workdir as workdir_lib
 from maxtext.trainers.config import ExperimentConfig
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file and optional variant, e.g. configs/gemma3.py.")
-_STEPS = flags.DEFINE_integer("steps", 10, "Timed updates.")
+_CONFIG = config_flag.define_config_file(
+    "config", "Config file and optional variant, e.g. configs/gemma3.py.")
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed updates.", lower_bound=1)
 _WARMUP_STEPS = flags.DEFINE_integer(
-    "warmup_steps", 2, "Untimed updates run first (after compilation).")
+    "warmup_steps", 2, "Untimed updates run first (after compilation).",
+    lower_bound=0)
 _SYNTHETIC = flags.DEFINE_bool(
     "synthetic", True, "Use random tokens instead of the config's data.")
 

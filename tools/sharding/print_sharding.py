@@ -19,11 +19,11 @@ import os
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
+from maxtext.trainers import config_flag
 from tools.sharding import goldens
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.")
+_CONFIG = config_flag.define_config_file("config", "Config file.")
 _NUM_DEVICES = flags.DEFINE_integer("num_devices", 8,
                                     "Devices of the mesh.")
 _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices (DCN).")
