@@ -16,11 +16,13 @@ Regenerate the golden tables of print_sharding_test with --update_goldens
 """
 
 import os
+import sys
 
 from absl import app
 from absl import flags
 
 from maxtext.trainers import config_flag
+from maxtext.trainers import workdir as workdir_lib
 from tools.sharding import goldens
 
 _CONFIG = config_flag.define_config_file("config", "Config file.")
@@ -46,4 +48,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # A config path is relative to where the user ran `bazel run`.
+  sys.argv = workdir_lib.resolve_config_argv(sys.argv)
   app.run(main)
