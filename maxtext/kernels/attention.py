@@ -6,10 +6,12 @@ Both take the same arguments and compute the same function:
 over keys j allowed by the mask: causal (j <= i), within the sliding window
 (i - j < window) when a window is given, and in the same segment as i when
 segment ids are given (packed sequences). R = H // G query heads share one
-key/value head (GQA; MQA when G == 1).
+key/value head (GQA; MQA when G == 1). Decoding with a KV cache passes an
+explicit `mask_BLS` instead (see `positions_mask`): queries then see cached
+keys by position, and S may differ from L.
 
-Shape key: B batch, L query length, S key length (== L), H query heads,
-G key/value heads, R = H // G, K head dim.
+Shape key: B batch, L query length, S key length (== L without a mask),
+H query heads, G key/value heads, R = H // G, K head dim.
 """
 
 from collections.abc import Callable
@@ -35,6 +37,29 @@ def attention_mask(
   return mask_BLS
 
 
+def positions_mask(
+    q_positions_BL: jax.Array,
+    kv_length: int,
+    window: int | None = None,
+) -> jax.Array:
+  """Boolean mask [B, L, S] of queries at `q_positions_BL` over a KV cache
+  whose slot j holds the key at position j: causal, within the window."""
+  q_BL1 = q_positions_BL[:, :, None]
+  j_11S = jnp.arange(kv_length)[None, None, :]
+  mask_BLS = j_11S <= q_BL1
+  if window is not None:
+    mask_BLS &= q_BL1 - j_11S < window
+  return mask_BLS
+
+
+def _check_mask_args(mask_BLS, window, segment_ids_BL):
+  if mask_BLS is not None and (window is not None or
+                               segment_ids_BL is not None):
+    raise ValueError("Give mask_BLS or window/segment_ids_BL, not both: an "
+                     "explicit mask replaces the causal, window and segment "
+                     "masks.")
+
+
 def reference_attention(
     q_BLHK: jax.Array,
     k_BSGK: jax.Array,
@@ -44,6 +69,7 @@ def reference_attention(
     window: int | None = None,
     segment_ids_BL: jax.Array | None = None,
     logit_softcap: float = 0.0,
+    mask_BLS: jax.Array | None = None,
 ) -> jax.Array:
   """Plain-JAX attention; logits and softmax in float32.
 
@@ -55,10 +81,13 @@ def reference_attention(
     window: A query sees this many keys, itself included; None: no window.
     segment_ids_BL: Tokens attend only to tokens with the same id.
     logit_softcap: Logits become `c * tanh(logits / c)`; 0 is off.
+    mask_BLS: Explicit mask (True: may attend) replacing the causal, window
+      and segment masks, e.g. `positions_mask` over a KV cache.
 
   Returns:
     Attention output [B, L, H, K] in the dtype of `v_BSGK`.
   """
+  _check_mask_args(mask_BLS, window, segment_ids_BL)
   batch, length, num_heads, head_dim = q_BLHK.shape
   num_kv_heads = k_BSGK.shape[2]
   q_BLGRK = q_BLHK.reshape(batch, length, num_kv_heads,
@@ -67,7 +96,9 @@ def reference_attention(
                             preferred_element_type=jnp.float32) * scale
   if logit_softcap:
     logits_BGRLS = logit_softcap * jnp.tanh(logits_BGRLS / logit_softcap)
-  mask_B11LS = attention_mask(length, window, segment_ids_BL)[:, None, None]
+  if mask_BLS is None:
+    mask_BLS = attention_mask(length, window, segment_ids_BL)
+  mask_B11LS = mask_BLS[:, None, None]
   logits_BGRLS = jnp.where(mask_B11LS, logits_BGRLS,
                            jnp.finfo(jnp.float32).min)
   probs_BGRLS = jax.nn.softmax(logits_BGRLS, axis=-1).astype(v_BSGK.dtype)
@@ -84,6 +115,7 @@ def xla_attention(
     window: int | None = None,
     segment_ids_BL: jax.Array | None = None,
     logit_softcap: float = 0.0,
+    mask_BLS: jax.Array | None = None,
 ) -> jax.Array:
   """`jax.nn.dot_product_attention`: same arguments as `reference_attention`.
 
@@ -99,6 +131,10 @@ def xla_attention(
     raise ValueError(
         f"xla_attention has no attention-logit soft-cap (got {logit_softcap});"
         " use reference_attention.")
+  _check_mask_args(mask_BLS, window, segment_ids_BL)
+  if mask_BLS is not None:
+    return jax.nn.dot_product_attention(q_BLHK, k_BSGK, v_BSGK,
+                                        mask=mask_BLS[:, None], scale=scale)
   mask_B1LS = None
   if segment_ids_BL is not None:
     length = q_BLHK.shape[1]

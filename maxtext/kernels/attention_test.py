@@ -112,5 +112,27 @@ class AttentionTest(parameterized.TestCase):
                      set(model_config.ATTENTION_IMPLS))
 
 
+class PositionsMaskTest(parameterized.TestCase):
+
+  @parameterized.product(impl=("reference", "xla"), window=(None, 3))
+  def test_positions_mask_over_all_positions_is_the_causal_mask(self, impl,
+                                                                window):
+    q, k, v = _inputs(4, 2)
+    length = q.shape[1]
+    positions = np.broadcast_to(np.arange(length), q.shape[:2])
+    mask = attention.positions_mask(positions, length, window)
+    kernel = attention.IMPLEMENTATIONS[impl]
+    np.testing.assert_allclose(
+        kernel(q, k, v, scale=0.3, mask_BLS=mask),
+        kernel(q, k, v, scale=0.3, window=window), rtol=0, atol=1e-6)
+
+  def test_mask_excludes_window_and_segments(self):
+    q, k, v = _inputs(4, 2)
+    mask = attention.positions_mask(np.zeros((2, 1), np.int32), 4)
+    with self.assertRaisesRegex(ValueError, "not both"):
+      attention.reference_attention(q, k, v, scale=1.0, window=2,
+                                    mask_BLS=mask)
+
+
 if __name__ == "__main__":
   absltest.main()

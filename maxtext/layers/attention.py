@@ -8,6 +8,10 @@ names (`jax.ad_checkpoint.checkpoint_name`): "query_proj", "key_proj",
 "value_proj" (projections), "attention_context" (kernel output) and
 "out_proj" (output projection); `maxtext.layers.remat` policies save or
 recompute them by name.
+
+Decoding passes a `KVCache` and the tokens' positions: the new keys and
+values are written at those positions and the queries attend over the cache
+(same projections, rotary and kernel as training).
 """
 
 import jax
@@ -17,6 +21,7 @@ from flax import nnx
 from maxtext.common import axes
 from maxtext.common.model_config import ModelConfig
 from maxtext.kernels import attention as attention_kernels
+from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import linear
 from maxtext.layers import norm
 from maxtext.layers import rope
@@ -66,8 +71,15 @@ class Attention(nnx.Module):
       *,
       window: int | None = None,
       segment_ids_BL: jax.Array | None = None,
-  ) -> jax.Array:
-    """Attends causally; `window` limits how far back a query looks."""
+      cache: kv_cache_lib.KVCache | None = None,
+      positions_BL: jax.Array | None = None,
+  ) -> jax.Array | tuple[jax.Array, kv_cache_lib.KVCache]:
+    """Attends causally; `window` limits how far back a query looks.
+
+    With `cache`, the tokens (at `positions_BL`, consecutive in each row)
+    are written to the cache and attend over it; returns (output, cache).
+    Packed sequences (`segment_ids_BL`) are not supported with a cache.
+    """
     q_names = (axes.BATCH, axes.LENGTH, axes.HEADS, axes.HEAD_DIM)
     kv_names = (axes.BATCH, axes.KV_LENGTH, axes.KV_HEADS, axes.HEAD_DIM)
     q_BLHK = checkpoint_name(self.query(x_BLD), "query_proj")
@@ -79,10 +91,22 @@ class Attention(nnx.Module):
     q_BLHK = axes.constrain(rotary.apply(q_BLHK), q_names)
     k_BLGK = axes.constrain(rotary.apply(k_BLGK), kv_names)
     v_BLGK = axes.constrain(v_BLGK, kv_names)
-    o_BLHK = self.kernel(q_BLHK, k_BLGK, v_BLGK,
-                         scale=self.scale, window=window,
-                         segment_ids_BL=segment_ids_BL,
-                         logit_softcap=self.logit_softcap)
+    if cache is None:
+      o_BLHK = self.kernel(q_BLHK, k_BLGK, v_BLGK,
+                           scale=self.scale, window=window,
+                           segment_ids_BL=segment_ids_BL,
+                           logit_softcap=self.logit_softcap)
+    else:
+      if segment_ids_BL is not None or positions_BL is None:
+        raise ValueError("Decoding with a KV cache needs positions_BL and "
+                         "takes no segment_ids_BL.")
+      cache = cache.write(k_BLGK, v_BLGK, positions_BL[:, 0])
+      mask_BLS = attention_kernels.positions_mask(positions_BL, cache.length,
+                                                  window)
+      o_BLHK = self.kernel(q_BLHK, cache.key_BSGK, cache.value_BSGK,
+                           scale=self.scale, logit_softcap=self.logit_softcap,
+                           mask_BLS=mask_BLS)
     o_BLHK = checkpoint_name(axes.constrain(o_BLHK, q_names),
                              "attention_context")
-    return checkpoint_name(self.output(o_BLHK), "out_proj")
+    out_BLD = checkpoint_name(self.output(o_BLHK), "out_proj")
+    return out_BLD if cache is None else (out_BLD, cache)

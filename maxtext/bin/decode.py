@@ -1,0 +1,89 @@
+r"""Generates text from a checkpoint with a KV cache.
+
+Loads a converted checkpoint (convert_ckpt), a training checkpoint
+<workdir>/checkpoints/<step> or a workdir (its latest step), prefills the
+prompts and generates token by token: greedy by default, or sampled with
+--temperature, --top_k, --top_p. The tokenizer defaults to the one stored in
+the checkpoint, else the bundled Mistral tokenizer. --prompt_ids with
+--dump_logits writes the prefill logits [len, vocab] (float32 .npy) for
+comparing with other systems.
+
+Example:
+
+  tools/bazel run //maxtext/bin:decode -- --checkpoint=ckpts/qwen3_0.6b \
+      --prompt="The capital of France is" --max_new_tokens=32
+"""
+
+import os
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+
+from maxtext.checkpoint import params_checkpoint
+from maxtext.data import assets
+from maxtext.data import tokenizer as tokenizer_lib
+from maxtext.inference import generate
+from maxtext.inference import sampler
+from maxtext.trainers import workdir as workdir_lib
+
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", None, "Converted checkpoint, training checkpoint or workdir.")
+_TOKENIZER = flags.DEFINE_string(
+    "tokenizer", None, "Tokenizer file; default: the checkpoint's, else the "
+    "bundled Mistral one.")
+_PROMPT = flags.DEFINE_multi_string("prompt", [], "A prompt (repeatable).")
+_PROMPT_IDS = flags.DEFINE_list("prompt_ids", [], "A prompt as token ids.")
+_DUMP_LOGITS = flags.DEFINE_string(
+    "dump_logits", None, "With --prompt_ids: write its prefill logits here.")
+_MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 32, "Per prompt.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "0 is greedy.")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "0 is off.")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "1 is off.")
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+
+
+def _tokenizer_path(checkpoint: str) -> str:
+  if _TOKENIZER.value:
+    return workdir_lib.user_path(_TOKENIZER.value)
+  for name in ("tokenizer.json", "tokenizer.model"):
+    if os.path.isfile(os.path.join(checkpoint, name)):
+      return os.path.join(checkpoint, name)
+  return assets.default_tokenizer()
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if bool(_PROMPT.value) == bool(_PROMPT_IDS.value):
+    raise app.UsageError("Give --prompt (repeatable) or --prompt_ids.")
+  checkpoint = workdir_lib.user_path(_CHECKPOINT.value)
+  cfg, params = params_checkpoint.load_params(checkpoint)
+  model = params_checkpoint.model_from_params(cfg, params)
+  logging.info("Loaded a %s model from %s.", cfg.family, checkpoint)
+  tokenizer = None
+  if _PROMPT.value:
+    tokenizer = tokenizer_lib.load_tokenizer(_tokenizer_path(checkpoint))
+    prompts = [tokenizer.encode(text) for text in _PROMPT.value]
+  else:
+    prompts = [[int(i) for i in _PROMPT_IDS.value]]
+    if _DUMP_LOGITS.value:
+      path = workdir_lib.user_path(_DUMP_LOGITS.value)
+      np.save(path, generate.prefill_logits(model, prompts[0]))
+      logging.info("Wrote prefill logits to %s.", path)
+  outputs = generate.generate(
+      model, prompts, max_new_tokens=_MAX_NEW_TOKENS.value, seed=_SEED.value,
+      eos_id=tokenizer.eos_id if tokenizer else None,
+      params=sampler.SamplingParams(_TEMPERATURE.value, _TOP_K.value,
+                                    _TOP_P.value))
+  for prompt, output in zip(prompts, outputs):
+    if tokenizer:
+      print(f"{tokenizer.decode(prompt)!r} -> {tokenizer.decode(output)!r}")
+    else:
+      print(",".join(map(str, prompt)), "->", ",".join(map(str, output)))
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("checkpoint")
+  app.run(main)

@@ -1,0 +1,82 @@
+"""Tests the decode binary end to end on a converted tiny Llama checkpoint:
+dumped prefill logits and greedy generations equal transformers'."""
+
+import contextlib
+import io
+import os
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import flagsaver
+import numpy as np
+import tokenizers
+import torch
+
+from maxtext.bin import decode
+from maxtext.checkpoint import hf_convert
+from testing import hf_tiny_models
+
+_IDS = [5, 17, 99, 3, 42, 8]
+
+
+def _write_word_tokenizer(folder: str) -> None:
+  """A tokenizer.json mapping the words w0..w127 to ids 0..127."""
+  vocab = {f"w{i}": i for i in range(128)}
+  tokenizer = tokenizers.Tokenizer(
+      tokenizers.models.WordLevel(vocab, unk_token="w0"))
+  tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  tokenizer.save(os.path.join(folder, "tokenizer.json"))
+
+
+class DecodeBinaryTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.user_dir = self.create_tempdir().full_path
+    self.hf_model = hf_tiny_models.tiny_hf_model("llama3")
+    hf_dir = os.path.join(self.user_dir, "hf")
+    self.hf_model.save_pretrained(hf_dir)
+    _write_word_tokenizer(hf_dir)
+    hf_convert.hf_to_orbax(hf_dir, os.path.join(self.user_dir, "ours"))
+    self.enter_context(mock.patch.dict(
+        os.environ, {"BUILD_WORKING_DIRECTORY": self.user_dir}))
+
+  def _run(self, **flag_values) -> str:
+    stdout = io.StringIO()
+    with flagsaver.flagsaver(checkpoint="ours", max_new_tokens=8,
+                             **flag_values):
+      with contextlib.redirect_stdout(stdout):
+        decode.main(["decode"])
+    return stdout.getvalue()
+
+  def test_prompt_ids_dump_logits_and_greedy(self):
+    printed = self._run(prompt_ids=[str(i) for i in _IDS],
+                        dump_logits="logits.npy")
+    got = np.load(os.path.join(self.user_dir, "logits.npy"))
+    with torch.no_grad():
+      want = self.hf_model(torch.tensor([_IDS])).logits[0].numpy()
+    self.assertEqual((got.dtype, got.shape), (np.float32, (len(_IDS), 128)))
+    diff = float(np.abs(got - want).max())
+    print(f"decode --dump_logits: max |logit diff| = {diff:.3g}")
+    self.assertLessEqual(diff, 1e-4)
+    greedy = hf_tiny_models.hf_greedy(self.hf_model, _IDS, 8)
+    self.assertEqual(printed.strip(), ",".join(map(str, _IDS)) + " -> " +
+                     ",".join(map(str, greedy)))
+
+  def test_text_prompts_use_the_checkpoint_tokenizer(self):
+    printed = self._run(prompt=["w5 w17 w99", "w3"])
+    lines = printed.strip().splitlines()
+    self.assertLen(lines, 2)
+    for line, ids in zip(lines, ([5, 17, 99], [3])):
+      words = " ".join(f"w{i}" for i in
+                       hf_tiny_models.hf_greedy(self.hf_model, ids, 8))
+      prompt = " ".join(f"w{i}" for i in ids)
+      self.assertEqual(line, f"{prompt!r} -> {words!r}")
+
+  def test_needs_exactly_one_kind_of_prompt(self):
+    with self.assertRaisesRegex(Exception, "--prompt"):
+      self._run()
+
+
+if __name__ == "__main__":
+  absltest.main()

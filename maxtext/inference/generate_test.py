@@ -1,0 +1,114 @@
+"""Tests of the jitted generation loop on our own small models.
+
+Padding a prompt in a batch must not change its generation (sliding-window
+families included), greedy continues the full forward's argmax, top-k=1 is
+greedy, sampling is reproducible by seed, EOS stops one row.
+"""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import jax.numpy as jnp
+import numpy as np
+
+from configs import gemma as gemma_config
+from configs import gemma2 as gemma2_config
+from configs import gemma3 as gemma3_config
+from configs import llama2 as llama2_config
+from configs import llama3 as llama3_config
+from configs import mistral as mistral_config
+from configs import qwen2_5 as qwen2_5_config
+from configs import qwen3 as qwen3_config
+from maxtext.common.model_config import ModelConfig
+from maxtext.inference import generate
+from maxtext.inference import sampler
+from maxtext.models import registry
+
+_WINDOW = 3
+_CONFIG_MODULES = {
+    "gemma": gemma_config, "gemma2": gemma2_config, "gemma3": gemma3_config,
+    "llama2": llama2_config, "llama3": llama3_config,
+    "mistral": mistral_config, "qwen2_5": qwen2_5_config,
+    "qwen3": qwen3_config,
+}
+
+def _tiny(family: str, **changes) -> ModelConfig:
+  """The family's small config shrunk; a window (if any) of _WINDOW."""
+  model = _CONFIG_MODULES[family].get_config().model
+  model.update(vocab_size=64, num_layers=3, embed_dim=32, mlp_dim=48,
+               num_heads=4, num_kv_heads=2, head_dim=8, **changes)
+  if model.sliding_window:
+    model.sliding_window = _WINDOW
+  return ModelConfig.from_dict(model)
+
+def _model(cfg: ModelConfig) -> nnx.Module:
+  return registry.create_model(cfg, rngs=nnx.Rngs(1))
+
+@nnx.jit
+def _full_logits(model, tokens_BL):
+  return model(tokens_BL)
+
+class GenerateTest(parameterized.TestCase):
+
+  @parameterized.parameters(("gemma3", True), ("gemma3", False),
+                            ("mistral", True))
+  def test_padding_does_not_change_a_row(self, family, scan_layers):
+    model = _model(_tiny(family, scan_layers=scan_layers))
+    short, long = [3, 9, 27], [5, 1, 8, 60, 33, 2, 14, 40, 7]
+    alone = generate.generate(model, [short], max_new_tokens=10)[0]
+    batched = generate.generate(model, [long, short, long[:5]],
+                                max_new_tokens=10)
+    self.assertEqual(batched[1], alone)
+    self.assertEqual(batched[0],
+                     generate.generate(model, [long], max_new_tokens=10)[0])
+
+  def test_greedy_continues_the_argmax_of_the_full_forward(self):
+    model = _model(_tiny("gemma2"))
+    prompt = [4, 8, 15, 16, 23]
+    out = generate.generate(model, [prompt], max_new_tokens=8)[0]
+    logits = np.asarray(_full_logits(model, jnp.asarray([prompt + out])))[0]
+    self.assertEqual(np.argmax(logits[len(prompt) - 1:-1], -1).tolist(), out)
+
+  def test_top_k_1_equals_greedy(self):
+    model = _model(_tiny("gemma3"))
+    prompts = [[1, 2, 3], [9, 8, 7, 6, 5]]
+    greedy = generate.generate(model, prompts, max_new_tokens=8)
+    top1 = generate.generate(
+        model, prompts, max_new_tokens=8, seed=3,
+        params=sampler.SamplingParams(temperature=2.0, top_k=1))
+    self.assertEqual(top1, greedy)
+
+  def test_sampling_is_reproducible_by_seed(self):
+    model = _model(_tiny("llama3"))
+    prompts = [[1, 2, 3], [9, 8, 7, 6, 5]]
+    params = sampler.SamplingParams(temperature=1.5, top_p=0.9)
+    first = generate.generate(model, prompts, max_new_tokens=12, seed=7,
+                              params=params)
+    self.assertEqual(generate.generate(model, prompts, max_new_tokens=12,
+                                       seed=7, params=params), first)
+    self.assertNotEqual(generate.generate(model, prompts, max_new_tokens=12,
+                                          seed=8, params=params), first)
+
+  def test_eos_stops_only_its_row(self):
+    model = _model(_tiny("qwen3"))
+    prompts = [[1, 2, 3], [9, 8, 7, 6, 5]]
+    free = generate.generate(model, prompts, max_new_tokens=8)
+    eos = free[0][2]
+    got = generate.generate(model, prompts, max_new_tokens=8, eos_id=eos)
+    for row, tokens in enumerate(free):
+      want = tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
+      self.assertEqual(got[row], want)
+    self.assertLessEqual(len(got[0]), 3)
+
+  def test_bad_arguments(self):
+    model = _model(_tiny("qwen3"))
+    with self.assertRaisesRegex(ValueError, "max_new_tokens=0"):
+      generate.generate(model, [[1]], max_new_tokens=0)
+    with self.assertRaisesRegex(ValueError, "at least one token"):
+      generate.generate(model, [[1], []], max_new_tokens=2)
+    with self.assertRaisesRegex(ValueError, "top_p=0"):
+      generate.generate(model, [[1]], max_new_tokens=2,
+                        params=sampler.SamplingParams(top_p=0.0))
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,46 @@
+"""Greedy generation equals transformers' `generate(do_sample=False)`.
+
+For each dense family (Llama 2 checkpoints load as llama3): a tiny random
+Hugging Face model, its weights loaded into our model (scanned and
+unscanned), two prompts of different lengths generated in one batch; each
+row must equal transformers' greedy generation of that prompt alone. The
+sliding-window families (window 5) generate past their window.
+"""
+
+import dataclasses
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+
+from maxtext.inference import generate
+from maxtext.models import registry
+from maxtext.models import hf_weights
+from testing import hf_reference
+from testing import hf_tiny_models
+
+_PROMPTS = [[5, 17, 99, 3, 42, 8, 64, 2], [11, 7, 120]]
+_NEW_TOKENS = 16
+
+
+class HfGreedyTest(parameterized.TestCase):
+
+  @parameterized.parameters(*sorted(hf_tiny_models.FAMILIES))
+  def test_greedy_matches_transformers(self, family):
+    hf_model = hf_tiny_models.tiny_hf_model(family)
+    want = [hf_tiny_models.hf_greedy(hf_model, prompt, _NEW_TOKENS)
+            for prompt in _PROMPTS]
+    cfg = registry.family_module(family).model_config_from_hf(
+        hf_model.config.to_dict())
+    for scan_layers in (True, False):
+      with self.subTest(scan_layers=scan_layers):
+        model = registry.create_model(
+            dataclasses.replace(cfg, scan_layers=scan_layers),
+            rngs=nnx.Rngs(0))
+        hf_weights.load_hf_weights(model, hf_reference.state_dict(hf_model))
+        got = generate.generate(model, _PROMPTS, max_new_tokens=_NEW_TOKENS)
+        self.assertEqual(got, want)
+
+
+if __name__ == "__main__":
+  absltest.main()

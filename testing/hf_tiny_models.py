@@ -1,0 +1,63 @@
+"""Test helper: tiny random Hugging Face models of every dense family.
+
+Float32 `transformers` models built from config objects (as in
+`maxtext/checkpoint/hf_convert_test.py`), with sliding windows of 5 tokens
+where the family has one, so short generations already leave the window.
+Test-only (imports torch and transformers).
+"""
+
+import torch
+import transformers
+
+from testing import hf_reference
+
+SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=96,
+             num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+# family -> (config class, model class, config changes, norm mean).
+FAMILIES = {
+    "llama3": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+               dict(head_dim=16, rope_scaling=dict(
+                   rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                   high_freq_factor=4.0, original_max_position_embeddings=8)),
+               1.0),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM,
+                dict(head_dim=16, sliding_window=5), 1.0),
+    "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM,
+              dict(num_key_value_heads=1, head_dim=24), 0.0),
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
+               dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=5,
+                    attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                    attn_implementation="eager"), 0.0),
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,
+               dict(num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24,
+                    sliding_window=5, layer_types=[
+                        "sliding_attention", "sliding_attention",
+                        "full_attention"],
+                    rope_scaling=dict(rope_type="linear", factor=8.0)), 0.0),
+    "qwen2_5": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+                dict(tie_word_embeddings=True), 1.0),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+              dict(head_dim=24), 1.0),
+}
+
+
+def tiny_hf_model(family: str, seed: int = 0) -> torch.nn.Module:
+  """A float32 eval-mode model of `family` with random weights; generation
+  never stops at an EOS token (none is set)."""
+  config_class, model_class, changes, norm_mean = FAMILIES[family]
+  model = hf_reference.random_hf_model(
+      model_class, config_class(**{**SIZES, **changes}), norm_mean=norm_mean,
+      seed=seed)
+  model.generation_config.eos_token_id = None
+  model.generation_config.pad_token_id = 0
+  return model
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int],
+              max_new_tokens: int) -> list[int]:
+  """transformers' `generate(do_sample=False)`: the new tokens only."""
+  with torch.no_grad():
+    out = model.generate(torch.tensor([prompt]), do_sample=False,
+                         max_new_tokens=max_new_tokens)
+  return out[0, len(prompt):].tolist()
