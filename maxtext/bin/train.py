@@ -18,11 +18,12 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from maxtext.trainers import config_flag
 from maxtext.trainers import pretrain
 from maxtext.trainers import workdir as workdir_lib
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None,
+_CONFIG = config_flag.define_config_file(
+    "config",
     "Config file and optional variant, e.g. configs/gemma3.py:1b; override"
     " fields with --config.<section>.<key>=<value>.")
 _WORKDIR = flags.DEFINE_string(

@@ -92,6 +92,11 @@ def _tensors(folder: str) -> dict[str, np.ndarray]:
   return tensors
 
 
+def _read_json(folder: str, name: str) -> dict:
+  with open(os.path.join(folder, name), encoding="utf-8") as f:
+    return json.load(f)
+
+
 class FamilyConversionTest(parameterized.TestCase):
 
   @parameterized.parameters(*sorted(_FAMILIES))
@@ -130,6 +135,12 @@ class FamilyConversionTest(parameterized.TestCase):
           self.assertEqual(got_tensors[name].dtype, array.dtype, name)
           np.testing.assert_array_equal(got_tensors[name], array,
                                         err_msg=name)
+        # Exported fields keep Hugging Face's types (newer transformers
+        # releases reject e.g. a float where the config class wants an int).
+        want_config, got_config = (_read_json(d, "config.json")
+                                   for d in (hf_dir, back))
+        for key in sorted(want_config.keys() & got_config.keys()):
+          self.assertIsInstance(got_config[key], type(want_config[key]), key)
         reloaded = transformers.AutoModelForCausalLM.from_pretrained(
             back, attn_implementation="eager").eval()
         self.assertIsInstance(reloaded, type(hf_model))
@@ -187,6 +198,12 @@ class HfConfigTest(parameterized.TestCase):
     module = registry.family_module(family)
     cfg = ModelConfig.from_dict(_CONFIG_MODULES[family].get_config().model)
     hf = json.loads(json.dumps(hf_convert.hf_config_dict(cfg)))
+    # Whole-number fields stay ints: newer transformers releases reject e.g.
+    # query_pre_attn_scalar=64.0 where the config class declares an int.
+    defaults = transformers.AutoConfig.for_model(hf["model_type"]).to_dict()
+    for key, value in hf.items():
+      if type(defaults.get(key)) is int:  # pylint: disable=unidiomatic-typecheck
+        self.assertIsInstance(value, int, key)
     self.assertEqual(hf["architectures"], [module.HF_ARCHITECTURE])
     self.assertIn(registry.family_from_hf_config(hf),
                   (family, "llama3"))  # Llama 2 loads as Llama 3.

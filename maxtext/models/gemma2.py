@@ -78,7 +78,7 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
                                   architecture=HF_ARCHITECTURE),
       hidden_act="gelu_pytorch_tanh",
       hidden_activation="gelu_pytorch_tanh",
-      query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim,
+      query_pre_attn_scalar=hf_params.hf_query_pre_attn_scalar(cfg),
       sliding_window=cfg.sliding_window or None,
       layer_types=hf_params.hf_layer_types(cfg),
       attn_logit_softcapping=cfg.attn_logit_softcap or None,

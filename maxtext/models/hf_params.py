@@ -258,3 +258,9 @@ QKV_BIASES = (
     block_param(("attention", "value", "bias"), "self_attn.v_proj.bias",
                 flatten=True),
 )
+
+
+def hf_query_pre_attn_scalar(cfg: ModelConfig) -> int | float:
+  """`query_pre_attn_scalar` as Hugging Face configs store it (an int when whole)."""
+  scalar = cfg.query_pre_attn_scalar or cfg.head_dim
+  return int(scalar) if float(scalar).is_integer() else scalar
