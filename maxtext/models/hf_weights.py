@@ -19,7 +19,7 @@ or `language_model.` (earlier) are renamed to the text-only names, and the
 other weights (vision tower, projector) are ignored.
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import jax.numpy as jnp
 import numpy as np
@@ -74,30 +74,32 @@ _LANGUAGE_MODEL_PREFIXES = (
 )
 
 
-def _text_decoder_weights(
-    state_dict: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """`state_dict` with text-only names; a multimodal one loses its vision.
+def _text_decoder_names(names: Iterable[str]) -> dict[str, str]:
+  """{text-only name: name in the state dict}; a multimodal checkpoint loses
+  its vision weights. Only names are read, so a lazy state dict stays lazy.
 
   Raises:
     ValueError: two names map to the same text-only name.
   """
+  names = list(names)
   renamed = {}
-  for name in state_dict:
+  for name in names:
     for prefix, replacement in _LANGUAGE_MODEL_PREFIXES:
       if name.startswith(prefix):
         renamed[name] = replacement + name[len(prefix):]
         break
   if not renamed:
-    return dict(state_dict)
+    return {name: name for name in names}
   # Multimodal: keep the language model and the output head only.
-  keep = {name: renamed.get(name, name) for name in state_dict
-          if name in renamed or name == "lm_head.weight"}
   text = {}
-  for name, text_name in keep.items():
+  for name in names:
+    if name not in renamed and name != "lm_head.weight":
+      continue
+    text_name = renamed.get(name, name)
     if text_name in text:
       raise ValueError(f"Hugging Face weights {name!r} and another weight "
                        f"both map to {text_name!r}.")
-    text[text_name] = state_dict[name]
+    text[text_name] = name
   return text
 
 
@@ -132,15 +134,16 @@ def load_hf_weights(model: nnx.Module,
     ValueError: a weight has the wrong size, or the state dict has weights
       the model has no place for.
   """
-  state_dict = _text_decoder_weights(state_dict)
+  names = _text_decoder_names(state_dict)
   used = set()
 
   def fetch(entry, name, shape):
-    if name not in state_dict:
+    if name not in names:
       raise KeyError(f"Hugging Face weight {name!r} is missing (needed for "
                      f"{'.'.join(entry.path)}).")
     used.add(name)
-    return entry.to_ours(_float_array(name, state_dict[name]), shape, name)
+    return entry.to_ours(_float_array(name, state_dict[names[name]]), shape,
+                         name)
 
   num_layers = model.cfg.num_layers
   for entry, variable, layer in _entries(model):
@@ -157,7 +160,7 @@ def load_hf_weights(model: nnx.Module,
   known = {entry.hf_name for entry in family.HF_PARAMS}
   # Weights of parameters this configuration lacks (a tied model's lm_head)
   # are ignored; anything else left over means a mapping is missing.
-  unexpected = sorted(set(state_dict) - used - known)
+  unexpected = sorted(set(names) - used - known)
   if unexpected:
     raise ValueError(f"Hugging Face weights with no place in the "
                      f"{model.cfg.family} model: {unexpected}.")
