@@ -15,13 +15,13 @@ known), sharded safetensors and the tokenizer files, a folder that
 Memory: the model is built abstract (`nnx.eval_shape`, nothing allocated) and
 filled tensor by tensor from lazily read safetensors, so the converter itself
 holds the parameters once (in the stored dtype) plus one Hugging Face tensor
-(a scanned layout also stacks one parameter's layers). Orbax's save takes the
-whole tree and makes its own host copies while writing, and its restore
-materialises the whole tree; measured with `tools/bench/convert_memory.py`
-(a 642 MB float32 model), peak RSS above the imports is about 2.1x the model
-for HF -> ours and 1.6x for ours -> HF (one tree plus the shard being
-written tensor by tensor; each tensor is computed twice, a first pass plans
-the shards from the shapes).
+(a scanned layout also stacks one parameter's layers). Measured with
+`tools/bench/convert_memory.py` (a 642 MB float32 model), peak RSS above the
+imports is about 1.3x the model for HF -> ours and 1.4x for ours -> HF. The
+latter is Orbax's restore of the whole tree (each array costs 2-2.7x its size
+while it is restored); restoring and writing one array at a time would bring
+it under one model size. Each tensor is computed twice on export: a first
+pass plans the shards from the shapes.
 """
 
 import dataclasses
