@@ -1,7 +1,6 @@
 """Test helper: tiny random Hugging Face models of every dense family.
 
-Float32 `transformers` models built from config objects (as in
-`maxtext/checkpoint/hf_convert_test.py`), with sliding windows of 5 tokens
+Float32 `transformers` models built from config objects, with sliding windows of 5 tokens
 where the family has one, so short generations already leave the window.
 Test-only (imports torch and transformers).
 """

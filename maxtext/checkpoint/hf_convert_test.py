@@ -32,51 +32,16 @@ from maxtext.checkpoint import hf_convert
 from maxtext.checkpoint import params_checkpoint
 from maxtext.common.model_config import ModelConfig
 from maxtext.models import registry
-from testing import hf_reference
+from testing import hf_tiny_models
 
 _TOKENS = np.random.RandomState(0).randint(0, 128, size=(2, 16))
 _TOLERANCE = 1e-4
-_SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=96,
-              num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64)
-# family -> (config class, model class, config changes, norm mean).
-_FAMILIES = {
-    "llama3": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
-               dict(head_dim=16, rope_scaling=dict(
-                   rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                   high_freq_factor=4.0, original_max_position_embeddings=8)),
-               1.0),
-    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM,
-                dict(head_dim=16, sliding_window=5), 1.0),
-    "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM,
-              dict(num_key_value_heads=1, head_dim=24), 0.0),
-    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
-               dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=5,
-                    attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
-                    attn_implementation="eager"), 0.0),
-    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,
-               dict(num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24,
-                    sliding_window=5, layer_types=[
-                        "sliding_attention", "sliding_attention",
-                        "full_attention"],
-                    rope_scaling=dict(rope_type="linear", factor=8.0)), 0.0),
-    "qwen2_5": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
-                dict(tie_word_embeddings=True), 1.0),
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
-              dict(head_dim=24), 1.0),
-}
 _CONFIG_MODULES = {
     "gemma": gemma_config, "gemma2": gemma2_config, "gemma3": gemma3_config,
     "llama2": llama2_config, "llama3": llama3_config,
     "mistral": mistral_config, "qwen2_5": qwen2_5_config,
     "qwen3": qwen3_config,
 }
-
-
-def _tiny_hf_model(family: str) -> torch.nn.Module:
-  config_class, model_class, changes, norm_mean = _FAMILIES[family]
-  return hf_reference.random_hf_model(
-      model_class, config_class(**{**_SIZES, **changes}), norm_mean=norm_mean)
 
 
 def _hf_logits(hf_model: torch.nn.Module) -> np.ndarray:
@@ -99,9 +64,9 @@ def _read_json(folder: str, name: str) -> dict:
 
 class FamilyConversionTest(parameterized.TestCase):
 
-  @parameterized.parameters(*sorted(_FAMILIES))
+  @parameterized.parameters(*sorted(hf_tiny_models.FAMILIES))
   def test_hf_to_ours_to_hf(self, family):
-    hf_model = _tiny_hf_model(family)
+    hf_model = hf_tiny_models.tiny_hf_model(family)
     want_logits = _hf_logits(hf_model)
     hf_dir = self.create_tempdir().full_path
     # A small shard size gives a sharded checkpoint with an index.
@@ -148,7 +113,7 @@ class FamilyConversionTest(parameterized.TestCase):
                                    rtol=0, atol=1e-5)
 
   def test_bfloat16_storage(self):
-    hf_model = _tiny_hf_model("qwen3")
+    hf_model = hf_tiny_models.tiny_hf_model("qwen3")
     hf_dir = self.create_tempdir().full_path
     hf_model.save_pretrained(hf_dir)
     ours = self.create_tempdir().full_path
@@ -169,7 +134,7 @@ class FamilyConversionTest(parameterized.TestCase):
         want.float().numpy())
 
   def test_tokenizer_files_travel_both_ways(self):
-    hf_model = _tiny_hf_model("llama3")
+    hf_model = hf_tiny_models.tiny_hf_model("llama3")
     hf_dir = self.create_tempdir().full_path
     hf_model.save_pretrained(hf_dir)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -222,7 +187,7 @@ class BadInputTest(absltest.TestCase):
   def setUp(self):
     super().setUp()
     self.hf_dir = self.create_tempdir().full_path
-    _tiny_hf_model("llama3").save_pretrained(self.hf_dir)
+    hf_tiny_models.tiny_hf_model("llama3").save_pretrained(self.hf_dir)
     self.out = os.path.join(self.create_tempdir().full_path, "out")
 
   def _edit_config(self, **changes):
