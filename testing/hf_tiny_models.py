@@ -1,7 +1,8 @@
 """Test helper: tiny random Hugging Face models of every dense family.
 
-Float32 `transformers` models built from config objects, with sliding windows of 5 tokens
-where the family has one, so short generations already leave the window.
+Float32 `transformers` models built from config objects, with sliding
+windows of 5 tokens where the family has one, so short generations already
+leave the window.
 Test-only (imports torch and transformers).
 """
 
