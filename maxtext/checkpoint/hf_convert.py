@@ -5,12 +5,18 @@ model_type / architectures through `registry.family_from_hf_config`) and the
 `*.safetensors` weights, and writes a self-describing converted checkpoint
 (`maxtext.checkpoint.params_checkpoint`) in the chosen layout and dtype, with
 the tokenizer files and the original `config.json` (as `hf_config.json`).
+Multimodal checkpoints (Gemma 3 `Gemma3ForConditionalGeneration`, 4b/12b/27b)
+convert their text decoder: the settings come from `text_config`, the
+weights from `model.language_model.*` / `language_model.model.*`, and the
+vision tower and projector weights are skipped (their count is logged).
 
 `orbax_to_hf(checkpoint, out_dir)` is the inverse: from a converted
 checkpoint or a training checkpoint it writes `config.json` (the family's
 `hf_config_from_model_config`, with the token ids of the original config when
 known), sharded safetensors and the tokenizer files, a folder that
-`transformers.AutoModelForCausalLM.from_pretrained` loads.
+`transformers.AutoModelForCausalLM.from_pretrained` loads. It is always the
+text-only model (e.g. `Gemma3ForCausalLM` for a converted multimodal Gemma 3;
+the vision weights were not converted).
 
 Memory: the model is built abstract (`nnx.eval_shape`, nothing allocated) and
 filled tensor by tensor from lazily read safetensors, so the converter itself
@@ -68,12 +74,14 @@ def _read_hf_config(hf_dir: str) -> dict[str, Any]:
 
 
 def model_config_from_hf_dir(hf_dir: str) -> ModelConfig:
-  """Our `ModelConfig` of the Hugging Face folder's `config.json`."""
+  """Our `ModelConfig` of the Hugging Face folder's `config.json` (of its
+  `text_config` for a multimodal model)."""
   hf_config = _read_hf_config(hf_dir)
   path = os.path.join(hf_dir, HF_CONFIG_FILENAME)
   try:
     family = registry.family_from_hf_config(hf_config)
-    return registry.family_module(family).model_config_from_hf(hf_config)
+    return registry.family_module(family).model_config_from_hf(
+        registry.hf_text_config(hf_config))
   except (KeyError, ValueError) as e:
     raise ConversionError(f"{path}: {type(e).__name__}: {e}") from e
 
@@ -175,6 +183,9 @@ def orbax_to_hf(checkpoint: str, out_dir: str, *,
       `<workdir>/checkpoints/<step>`, or a workdir (its latest checkpoint).
     out_dir: Output folder.
     max_shard_size: Bytes per safetensors file at most ("5GB", "200MB").
+
+  The output is the text-only model of the family (`Gemma3ForCausalLM`, not
+  `Gemma3ForConditionalGeneration`, for a converted multimodal Gemma 3).
 
   Returns:
     The safetensors files written.

@@ -32,6 +32,7 @@ from maxtext.checkpoint import hf_convert
 from maxtext.checkpoint import params_checkpoint
 from maxtext.common.model_config import ModelConfig
 from maxtext.models import registry
+from testing import hf_reference
 from testing import hf_tiny_models
 
 _TOKENS = np.random.RandomState(0).randint(0, 128, size=(2, 16))
@@ -180,6 +181,121 @@ class HfConfigTest(parameterized.TestCase):
     self.assertEqual(
         {k: v for k, v in dataclasses.asdict(back).items() if k not in ignored},
         {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ignored})
+
+
+def _tiny_multimodal_gemma3() -> torch.nn.Module:
+  """A tiny random `Gemma3ForConditionalGeneration` (text decoder of the
+  tiny gemma3 family, one-layer SigLIP vision tower)."""
+  _, _, changes, _ = hf_tiny_models.FAMILIES["gemma3"]
+  text = transformers.Gemma3TextConfig(**{**hf_tiny_models.SIZES, **changes})
+  vision = transformers.SiglipVisionConfig(
+      hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+      num_attention_heads=2, image_size=28, patch_size=14)
+  config = transformers.Gemma3Config(
+      text_config=text, vision_config=vision, mm_tokens_per_image=4,
+      boi_token_index=125, eoi_token_index=126, image_token_index=127)
+  return hf_reference.random_hf_model(
+      transformers.Gemma3ForConditionalGeneration, config, norm_mean=0.0)
+
+
+# Newer transformers' names of the multimodal weights (older: the keys).
+_NEW_MULTIMODAL_PREFIXES = {
+    "language_model.model.": "model.language_model.",
+    "vision_tower.": "model.vision_tower.",
+    "multi_modal_projector.": "model.multi_modal_projector.",
+}
+
+
+class MultimodalGemma3Test(parameterized.TestCase):
+  """`Gemma3ForConditionalGeneration` folders convert their text decoder."""
+
+  @parameterized.named_parameters(
+      ("older_names", False, None),
+      ("older_names_lm_head", False, "language_model.lm_head.weight"),
+      ("newer_names_lm_head", True, "lm_head.weight"))
+  def test_text_decoder_converts(self, newer_names, lm_head):
+    hf_model = _tiny_multimodal_gemma3()
+    # Text-only tokens (no image / begin / end-of-image tokens).
+    tokens = _TOKENS % 120
+    with torch.no_grad():
+      want_logits = hf_model(input_ids=torch.tensor(tokens)).logits.numpy()
+    hf_dir = self.create_tempdir().full_path
+    hf_model.save_pretrained(hf_dir)
+    path = os.path.join(hf_dir, "model.safetensors")
+    tensors = safetensors_numpy.load_file(path)
+    if newer_names:
+      renamed = {}
+      for name, array in tensors.items():
+        for old, new in _NEW_MULTIMODAL_PREFIXES.items():
+          if name.startswith(old):
+            name = new + name[len(old):]
+            break
+        renamed[name] = array
+      tensors = renamed
+    embedding_name = ("model.language_model.embed_tokens.weight" if newer_names
+                      else "language_model.model.embed_tokens.weight")
+    if lm_head:  # The tied head, as some checkpoints store it.
+      tensors[lm_head] = tensors[embedding_name].copy()
+    safetensors_numpy.save_file(tensors, path, metadata={"format": "pt"})
+    num_vision = sum("vision_tower." in name or "multi_modal_projector." in name
+                     for name in tensors)
+    self.assertGreater(num_vision, 0)
+    config = _read_json(hf_dir, "config.json")
+    self.assertEqual(config["architectures"],
+                     ["Gemma3ForConditionalGeneration"])
+    self.assertEqual(config["model_type"], "gemma3")
+
+    ours = self.create_tempdir().full_path
+    with self.assertLogs(level="INFO") as logs:
+      cfg = hf_convert.hf_to_orbax(hf_dir, ours)
+    self.assertTrue(any(f"skipping {num_vision} other weights" in line
+                        for line in logs.output), logs.output)
+    self.assertEqual((cfg.family, cfg.num_layers, cfg.vocab_size),
+                     ("gemma3", 3, 128))
+    cfg, params = params_checkpoint.load_converted(ours)
+    model = params_checkpoint.model_from_params(cfg, params)
+    logits = nnx.jit(lambda m, t: m(t))(model, jnp.asarray(tokens))
+    diff = float(np.abs(np.asarray(logits) - want_logits).max())
+    print(f"multimodal gemma3 newer_names={newer_names} lm_head={lm_head}: "
+          f"max |logit diff| = {diff:.3g}")
+    self.assertLessEqual(diff, _TOLERANCE)
+
+    # Export is the text-only Gemma3ForCausalLM.
+    back = self.create_tempdir().full_path
+    hf_convert.orbax_to_hf(ours, back)
+    self.assertEqual(_read_json(back, "config.json")["architectures"],
+                     ["Gemma3ForCausalLM"])
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+        back, attn_implementation="eager").eval()
+    self.assertIsInstance(reloaded, transformers.Gemma3ForCausalLM)
+    with torch.no_grad():
+      reloaded_logits = reloaded(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(reloaded_logits, want_logits, rtol=0,
+                               atol=_TOLERANCE)
+
+  def test_release_config_keeps_only_differences(self):
+    # google/gemma-3-4b-it's config.json: `text_config` holds only the keys
+    # that differ from Gemma3TextConfig's defaults.
+    hf_dir = self.create_tempdir().full_path
+    with open(os.path.join(hf_dir, "config.json"), "w", encoding="utf-8") as f:
+      json.dump({
+          "architectures": ["Gemma3ForConditionalGeneration"],
+          "model_type": "gemma3", "mm_tokens_per_image": 256,
+          "text_config": {
+              "hidden_size": 2560, "intermediate_size": 10240,
+              "model_type": "gemma3_text", "num_hidden_layers": 34,
+              "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+              "sliding_window": 1024},
+          "vision_config": {"model_type": "siglip_vision_model"}}, f)
+    cfg = hf_convert.model_config_from_hf_dir(hf_dir)
+    self.assertEqual(
+        (cfg.family, cfg.vocab_size, cfg.num_layers, cfg.embed_dim,
+         cfg.mlp_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+         cfg.sliding_window, cfg.global_layer_interval, cfg.rope_theta,
+         cfg.rope_local_theta, cfg.rope_scaling, cfg.rope_scaling_factor,
+         cfg.tie_embeddings),
+        ("gemma3", 262_208, 34, 2560, 10240, 8, 4, 256, 1024, 6, 1e6, 1e4,
+         "linear", 8.0, True))
 
 
 class BadInputTest(absltest.TestCase):

@@ -7,7 +7,9 @@ per global layer, local rotary base 10k, global base 1M (linearly scaled by 8
 in 4b/12b/27b), tied output head.
 
 This module maps Hugging Face's `Gemma3TextConfig` / `Gemma3ForCausalLM`
-checkpoints onto that model.
+checkpoints onto that model; the multimodal `Gemma3ForConditionalGeneration`
+releases (4b/12b/27b) load their text decoder (its `text_config`, see
+`registry.hf_text_config`). Export is always the text-only `Gemma3ForCausalLM`.
 """
 
 from collections.abc import Mapping
@@ -26,6 +28,20 @@ HF_BLOCK_PARAMS = (hf_params.COMMON_BLOCK_PARAMS + hf_params.QK_NORMS +
 HF_MODEL_TYPE = "gemma3_text"
 HF_ARCHITECTURE = "Gemma3ForCausalLM"
 
+# `Gemma3TextConfig` defaults (legacy keys): the multimodal releases'
+# config.json store only the `text_config` keys that differ from them.
+_HF_DEFAULTS = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 26, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True, "query_pre_attn_scalar": 256,
+    "sliding_window": 4096, "final_logit_softcapping": None,
+    "attn_logit_softcapping": None, "rope_theta": 1_000_000.0,
+    "rope_scaling": None, "rope_local_base_freq": 10_000.0,
+    "sliding_window_pattern": 6,
+}
+
 _ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
@@ -42,9 +58,10 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   Args:
     hf_config: `Gemma3TextConfig.to_dict()`, or a complete text-decoder
       `config.json` (legacy keys rope_theta, rope_local_base_freq,
-      rope_scaling and sliding_window_pattern are understood).
+      rope_scaling and sliding_window_pattern are understood); keys it
+      lacks take `Gemma3TextConfig`'s defaults.
   """
-  hf = hf_config
+  hf = {**_HF_DEFAULTS, **hf_config}
   activation = hf["hidden_activation"]
   if activation not in _ACTIVATIONS:
     raise ValueError(f"Unsupported Gemma 3 hidden_activation {activation!r}; "

@@ -15,12 +15,15 @@ float32, float64) and casts them to each parameter's dtype; torch tensors are
 converted by the caller (`tensor.float().numpy()` for bfloat16, which numpy
 lacks). Multimodal checkpoints (Gemma 3 `*ForConditionalGeneration`) load
 their text decoder: names under `model.language_model.` (transformers >= 4.52)
-or `language_model.` (earlier) are renamed to the text-only names, and the
-other weights (vision tower, projector) are ignored.
+or `language_model.` (earlier: `language_model.model.*`,
+`language_model.lm_head.weight`) are renamed to the text-only names, a
+top-level `lm_head.weight` is kept (absent when tied), and the other weights
+(vision tower, projector) are skipped; their count is logged.
 """
 
 from collections.abc import Iterable, Iterator, Mapping
 
+from absl import logging
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -100,6 +103,9 @@ def _text_decoder_names(names: Iterable[str]) -> dict[str, str]:
       raise ValueError(f"Hugging Face weights {name!r} and another weight "
                        f"both map to {text_name!r}.")
     text[text_name] = name
+  logging.info("Multimodal checkpoint: loading its text decoder (%d weights), "
+               "skipping %d other weights (vision tower, projector).",
+               len(text), len(names) - len(text))
   return text
 
 

@@ -41,15 +41,21 @@ FAMILIES: dict[str, types.ModuleType] = {
 HF_MODEL_TYPES: dict[str, str] = {
     "gemma": "gemma",
     "gemma2": "gemma2",
+    "gemma3": "gemma3",  # Multimodal (text decoder only).
     "gemma3_text": "gemma3",
     "llama": "llama3",
     "mistral": "mistral",
     "qwen2": "qwen2_5",
     "qwen3": "qwen3",
 }
+# Multimodal architectures whose text decoder is a family.
+HF_MULTIMODAL_ARCHITECTURES: dict[str, str] = {
+    "Gemma3ForConditionalGeneration": "gemma3",
+}
 HF_ARCHITECTURES: dict[str, str] = {
-    FAMILIES[family].HF_ARCHITECTURE: family
-    for family in HF_MODEL_TYPES.values()
+    **{FAMILIES[family].HF_ARCHITECTURE: family
+       for family in HF_MODEL_TYPES.values()},
+    **HF_MULTIMODAL_ARCHITECTURES,
 }
 
 
@@ -67,6 +73,12 @@ def family_from_hf_config(hf_config: dict) -> str:
       f"architectures={hf_config.get('architectures')}); supported "
       f"model_types: {sorted(HF_MODEL_TYPES)}, architectures: "
       f"{sorted(HF_ARCHITECTURES)}.")
+
+
+def hf_text_config(hf_config: dict) -> dict:
+  """The text decoder's settings of a Hugging Face `config.json`: its
+  `text_config` when it has one (a multimodal model), else itself."""
+  return hf_config.get("text_config") or hf_config
 
 
 def family_module(family: str) -> types.ModuleType:
