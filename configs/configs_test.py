@@ -11,20 +11,15 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from configs import common
-from configs import gemma
 from configs import gemma2
 from configs import gemma3
-from configs import llama2
-from configs import llama3
 from configs import mistral
-from configs import qwen2_5
-from configs import qwen3
 from maxtext.common.model_config import ModelConfig
 from ml_collections import config_flags
 
-_FAMILIES = {"gemma": gemma, "gemma2": gemma2, "gemma3": gemma3,
-             "llama2": llama2, "llama3": llama3, "mistral": mistral,
-             "qwen2_5": qwen2_5, "qwen3": qwen3}
+from testing import tiny_configs
+
+_FAMILIES = tiny_configs.CONFIG_MODULES
 _VARIANTS = [(family, variant) for family, module in _FAMILIES.items()
              for variant in (None, *module.VARIANTS)]
 
@@ -112,7 +107,8 @@ class ConfigsTest(parameterized.TestCase):
     self.assertEqual(cfg.qkv_bias, family == "qwen2_5")
     self.assertEqual(cfg.qk_norm, family == "qwen3")
 
-  @parameterized.parameters(llama2, llama3, mistral, gemma, qwen2_5, qwen3)
+  @parameterized.parameters(*(_FAMILIES[family] for family in (
+      "llama2", "llama3", "mistral", "gemma", "qwen2_5", "qwen3")))
   def test_query_scale_follows_head_dim_override(self, module):
     config = module.get_config()
     config.model.head_dim = 32

@@ -20,29 +20,16 @@ from safetensors import numpy as safetensors_numpy
 import torch
 import transformers
 
-from configs import gemma as gemma_config
-from configs import gemma2 as gemma2_config
-from configs import gemma3 as gemma3_config
-from configs import llama2 as llama2_config
-from configs import llama3 as llama3_config
-from configs import mistral as mistral_config
-from configs import qwen2_5 as qwen2_5_config
-from configs import qwen3 as qwen3_config
 from maxtext.checkpoint import hf_convert
 from maxtext.checkpoint import params_checkpoint
 from maxtext.common.model_config import ModelConfig
 from maxtext.models import registry
 from testing import hf_reference
 from testing import hf_tiny_models
+from testing import tiny_configs
 
 _TOKENS = np.random.RandomState(0).randint(0, 128, size=(2, 16))
 _TOLERANCE = 1e-4
-_CONFIG_MODULES = {
-    "gemma": gemma_config, "gemma2": gemma2_config, "gemma3": gemma3_config,
-    "llama2": llama2_config, "llama3": llama3_config,
-    "mistral": mistral_config, "qwen2_5": qwen2_5_config,
-    "qwen3": qwen3_config,
-}
 
 
 def _hf_logits(hf_model: torch.nn.Module) -> np.ndarray:
@@ -158,11 +145,11 @@ class FamilyConversionTest(parameterized.TestCase):
 
 class HfConfigTest(parameterized.TestCase):
 
-  @parameterized.parameters(*sorted(_CONFIG_MODULES))
+  @parameterized.parameters(*sorted(tiny_configs.CONFIG_MODULES))
   def test_config_round_trip(self, family):
     # The family's config file: our config -> config.json -> ours.
     module = registry.family_module(family)
-    cfg = ModelConfig.from_dict(_CONFIG_MODULES[family].get_config().model)
+    cfg = ModelConfig.from_dict(tiny_configs.CONFIG_MODULES[family].get_config().model)
     hf = json.loads(json.dumps(hf_convert.hf_config_dict(cfg)))
     # Whole-number fields stay ints: newer transformers releases reject e.g.
     # query_pre_attn_scalar=64.0 where the config class declares an int.

@@ -11,42 +11,28 @@ from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 
-from configs import gemma as gemma_config
-from configs import gemma2 as gemma2_config
-from configs import gemma3 as gemma3_config
-from configs import llama2 as llama2_config
-from configs import llama3 as llama3_config
-from configs import mistral as mistral_config
-from configs import qwen2_5 as qwen2_5_config
-from configs import qwen3 as qwen3_config
 from maxtext.common.model_config import ModelConfig
 from maxtext.inference import generate
 from maxtext.inference import sampler
 from maxtext.models import registry
+from testing import tiny_configs
+
 
 _WINDOW = 3
-_CONFIG_MODULES = {
-    "gemma": gemma_config, "gemma2": gemma2_config, "gemma3": gemma3_config,
-    "llama2": llama2_config, "llama3": llama3_config,
-    "mistral": mistral_config, "qwen2_5": qwen2_5_config,
-    "qwen3": qwen3_config,
-}
+
 
 def _tiny(family: str, **changes) -> ModelConfig:
-  """The family's small config shrunk; a window (if any) of _WINDOW."""
-  model = _CONFIG_MODULES[family].get_config().model
-  model.update(vocab_size=64, num_layers=3, embed_dim=32, mlp_dim=48,
-               num_heads=4, num_kv_heads=2, head_dim=8, **changes)
-  if model.sliding_window:
-    model.sliding_window = _WINDOW
-  return ModelConfig.from_dict(model)
+  return tiny_configs.tiny_model_config(family, window=_WINDOW, **changes)
+
 
 def _model(cfg: ModelConfig) -> nnx.Module:
   return registry.create_model(cfg, rngs=nnx.Rngs(1))
 
+
 @nnx.jit
 def _full_logits(model, tokens_BL):
   return model(tokens_BL)
+
 
 class GenerateTest(parameterized.TestCase):
 
