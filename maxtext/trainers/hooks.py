@@ -1,6 +1,6 @@
 """The standard hooks of the training loop: metrics, checkpoints, profiler."""
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 import dataclasses
 import math
 import os
@@ -92,19 +92,20 @@ class MetricsHook(loop.Hook):
 class CheckpointHook(loop.Hook):
   """Saves a checkpoint every `every` updates and at the end of the run.
 
-  The data position saved with it is the number of updates done: the input
-  pipeline's batch index of the next update.
+  The data state saved with it is `data_state()` (the input pipeline's
+  position after the batches consumed so far, a JSON-able dict) plus
+  "next_step", the number of updates done.
   """
 
   def __init__(self, checkpointer: checkpoint_lib.Checkpointer, *, every: int,
-               data_state: Mapping[str, Any]):
+               data_state: Callable[[], Mapping[str, Any]]):
     self.every = every
     self.checkpointer = checkpointer
-    self.data_state = dict(data_state)
+    self.data_state = data_state
 
   def _save(self, step: int, state: Any) -> None:
     self.checkpointer.save(step, state.checkpoint_tree(),
-                           {**self.data_state, "next_step": step})
+                           {**self.data_state(), "next_step": step})
 
   def needs_metrics_before(self, step: int) -> bool:
     return self.due(step)  # Never save a state whose loss is not finite.

@@ -89,7 +89,7 @@ class CheckpointHookTest(absltest.TestCase):
                                                    max_to_keep=5,
                                                    async_save=True))
     hook = hooks.CheckpointHook(checkpointer, every=2,
-                                data_state={"shuffle_seed": 3})
+                                data_state=lambda: {"shuffle_seed": 3})
     loop.run_loop(FakeState(0), _step_fn, itertools.repeat(None),
                   start_step=0, total_steps=5, hooks=[hook])
     checkpointer = checkpoint_lib.Checkpointer(

@@ -222,7 +222,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
       metrics_hook,
       hooks_lib.CheckpointHook(
           checkpointer, every=experiment.checkpoint.every_steps,
-          data_state={"shuffle_seed": experiment.data.shuffle_seed}),
+          data_state=lambda: {"shuffle_seed": experiment.data.shuffle_seed}),
   ]
   if log_config.profile_start_step >= 0:
     all_hooks.append(hooks_lib.ProfilerHook(
