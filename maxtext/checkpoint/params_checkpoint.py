@@ -15,16 +15,21 @@ state) is read by `load_training_params(step_dir)`, which restores the
 parameters only; its model config comes from `<workdir>/config.json`.
 `load_params(path)` accepts either (or a workdir: its latest checkpoint).
 
-Parameters are restored onto one device (the first), replicated.
+Parameters are restored onto one device (the first), replicated, one array
+at a time; with `lazy=True` each is a `LazyParam`, read when indexed, so an
+exporter holds one parameter at a time instead of the model.
 """
 
+from collections.abc import Callable
 import dataclasses
+import functools
 import json
 import os
 from typing import Any
 
 from flax import nnx
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from maxtext.checkpoint.manager import STATE_ITEM
@@ -109,27 +114,75 @@ def _model_config(values: dict[str, Any], path: str) -> ModelConfig:
     raise ParamsCheckpointError(f"{path}: invalid model config: {e}") from e
 
 
-def _restore(path: str, cfg: ModelConfig, *, params_key: str | None):
+def _nest(keys: tuple[Any, ...], leaf: Any) -> dict[Any, Any]:
+  """`{keys[0]: {keys[1]: ... leaf}}`."""
+  for key in reversed(keys):
+    leaf = {key: leaf}
+  return leaf
+
+
+class LazyParam:
+  """A parameter read from its checkpoint each time it is indexed
+  (`param[...]`), and not kept: a writer that visits parameters one by one
+  holds one at a time.
+
+  Attributes:
+    shape: The parameter's shape.
+    dtype: Its dtype.
+  """
+
+  def __init__(self, read: Callable[[], jax.Array],
+               abstract: jax.ShapeDtypeStruct):
+    self._read = read
+    self.shape = abstract.shape
+    self.dtype = abstract.dtype
+
+  def __getitem__(self, index) -> np.ndarray:
+    return np.asarray(self._read())[index]
+
+
+def _restore(path: str, cfg: ModelConfig, *, params_key: str | None,
+             lazy: bool = False):
   """Restores the parameters of `cfg` from the Orbax checkpoint at `path`
-  (under `params_key` of its tree when given, the rest left unread)."""
-  target = _abstract_params(cfg)
-  if params_key:
-    target = {params_key: target}
-  try:
-    with ocp.PyTreeCheckpointer() as checkpointer:
-      restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
-          item=target,
-          restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-          partial_restore=True))
-  except Exception as e:  # Orbax and TensorStore raise many kinds.
-    raise ParamsCheckpointError(
-        f"Parameters in {path} could not be restored for the {cfg.family} "
-        f"model (missing, corrupt, or another model): {type(e).__name__}: "
-        f"{e}") from e
-  return restored[params_key] if params_key else restored
+  (under `params_key` of its tree when given, the rest left unread).
+
+  Arrays are restored one at a time (restoring costs 2-3x an array's size
+  while it runs); with `lazy`, each leaf is a `LazyParam` instead, restored
+  when read.
+  """
+  prefix = (params_key,) if params_key else ()
+  abstract_params = _abstract_params(cfg)
+
+  def read(keys, abstract):
+    target = _nest(keys, abstract)
+    # A lazy read goes to host memory only (no device copy).
+    restore_args = (_nest(keys, ocp.RestoreArgs(restore_type=np.ndarray))
+                    if lazy else
+                    ocp.checkpoint_utils.construct_restore_args(target))
+    try:
+      with ocp.PyTreeCheckpointer() as checkpointer:
+        restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
+            item=target, restore_args=restore_args, partial_restore=True))
+    except Exception as e:  # Orbax and TensorStore raise many kinds.
+      raise ParamsCheckpointError(
+          f"Parameters in {path} could not be restored for the {cfg.family} "
+          f"model (missing, corrupt, or another model): {type(e).__name__}: "
+          f"{e}") from e
+    for key in keys:
+      restored = restored[key]
+    return restored
+
+  def leaf(key_path, abstract):
+    keys = prefix + tuple(k.key for k in key_path)
+    if lazy:
+      return LazyParam(functools.partial(read, keys, abstract), abstract)
+    return read(keys, abstract)
+
+  return jax.tree_util.tree_map_with_path(leaf, abstract_params)
 
 
-def load_converted(checkpoint_dir: str) -> tuple[ModelConfig, dict[str, Any]]:
+def load_converted(checkpoint_dir: str, *, lazy: bool = False
+                   ) -> tuple[ModelConfig, dict[str, Any]]:
   """(ModelConfig, params) of a converted checkpoint (see module docstring).
 
   Raises:
@@ -139,7 +192,7 @@ def load_converted(checkpoint_dir: str) -> tuple[ModelConfig, dict[str, Any]]:
   config_path = os.path.join(checkpoint_dir, MODEL_CONFIG_FILENAME)
   cfg = _model_config(_read_json(config_path), config_path)
   params = _restore(os.path.join(checkpoint_dir, PARAMS_DIRNAME), cfg,
-                    params_key=None)
+                    params_key=None, lazy=lazy)
   return cfg, params
 
 
@@ -148,7 +201,8 @@ def training_workdir(step_dir: str) -> str:
   return os.path.dirname(os.path.dirname(os.path.abspath(step_dir)))
 
 
-def load_training_params(step_dir: str) -> tuple[ModelConfig, dict[str, Any]]:
+def load_training_params(step_dir: str, *, lazy: bool = False
+                         ) -> tuple[ModelConfig, dict[str, Any]]:
   """(ModelConfig, params) of a train-binary checkpoint; optimizer state and
   the rest are not read.
 
@@ -163,7 +217,7 @@ def load_training_params(step_dir: str) -> tuple[ModelConfig, dict[str, Any]]:
     raise ParamsCheckpointError(f"{config_path} has no 'model' section.")
   cfg = _model_config(config["model"], config_path)
   params = _restore(os.path.join(os.path.abspath(step_dir), STATE_ITEM), cfg,
-                    params_key="params")
+                    params_key="params", lazy=lazy)
   return cfg, params
 
 
@@ -174,7 +228,8 @@ def _latest_step_dir(checkpoints_dir: str) -> str:
   return os.path.join(checkpoints_dir, str(max(steps)))
 
 
-def load_params(path: str) -> tuple[ModelConfig, dict[str, Any]]:
+def load_params(path: str, *, lazy: bool = False
+                ) -> tuple[ModelConfig, dict[str, Any]]:
   """(ModelConfig, params) of a converted checkpoint, a training checkpoint
   `<workdir>/checkpoints/<step>`, or a workdir (its latest checkpoint).
 
@@ -183,12 +238,12 @@ def load_params(path: str) -> tuple[ModelConfig, dict[str, Any]]:
   """
   path = os.path.abspath(path)
   if os.path.exists(os.path.join(path, MODEL_CONFIG_FILENAME)):
-    return load_converted(path)
+    return load_converted(path, lazy=lazy)
   if os.path.isdir(os.path.join(path, STATE_ITEM)):
-    return load_training_params(path)
+    return load_training_params(path, lazy=lazy)
   if os.path.isdir(os.path.join(path, CHECKPOINTS_DIRNAME)):
     return load_training_params(
-        _latest_step_dir(os.path.join(path, CHECKPOINTS_DIRNAME)))
+        _latest_step_dir(os.path.join(path, CHECKPOINTS_DIRNAME)), lazy=lazy)
   raise ParamsCheckpointError(
       f"{path} is not a checkpoint: expected a converted checkpoint (with "
       f"{MODEL_CONFIG_FILENAME}), a training checkpoint "

@@ -5,6 +5,7 @@ import os
 from absl.testing import absltest
 from absl.testing import parameterized
 from flax import nnx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -52,6 +53,13 @@ class TrainingCheckpointTest(parameterized.TestCase):
         np.asarray(params["final_norm"]["scale"]),
         np.asarray(result.state.params["final_norm"]["scale"]))
 
+    # Lazy parameters read the same values, as numpy, when indexed.
+    _, lazy = params_checkpoint.load_params(step_dir, lazy=True)
+    for got, want in zip(jax.tree.leaves(lazy), jax.tree.leaves(params)):
+      self.assertIsInstance(got, params_checkpoint.LazyParam)
+      self.assertEqual((got.shape, got.dtype), (want.shape, want.dtype))
+      np.testing.assert_array_equal(got[...], np.asarray(want))
+
     # A step folder and the workdir (latest step) both export.
     for checkpoint in (step_dir, workdir):
       out = self.create_tempdir().full_path
@@ -84,6 +92,20 @@ class TrainingCheckpointTest(parameterized.TestCase):
     with self.assertRaisesRegex(params_checkpoint.ParamsCheckpointError,
                                 "model_config.json: invalid model config"):
       params_checkpoint.load_params(folder.full_path)
+
+  def test_corrupt_checkpoint_fails_export_before_writing(self):
+    workdir = self.create_tempdir().full_path
+    pretrain.train(_tiny_config(scan_layers=True), workdir)
+    step_dir = os.path.join(workdir, "checkpoints", "2")
+    for root, _, files in os.walk(os.path.join(step_dir, "state")):
+      for name in files:
+        if name != "_CHECKPOINT_METADATA":
+          os.remove(os.path.join(root, name))
+    out = os.path.join(self.create_tempdir().full_path, "hf")
+    with self.assertRaisesRegex(hf_convert.ConversionError,
+                                f"Parameters in {step_dir}/state could not"):
+      hf_convert.orbax_to_hf(step_dir, out)
+    self.assertFalse(os.path.exists(out))
 
 
 if __name__ == "__main__":
