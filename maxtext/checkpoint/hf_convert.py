@@ -20,15 +20,16 @@ the vision weights were not converted).
 
 Memory: HF -> ours builds the model abstract (`nnx.eval_shape`, nothing
 allocated) and fills it tensor by tensor from lazily read safetensors, so it
-holds the parameters once (in the stored dtype; Orbax saves the whole tree)
-plus one Hugging Face tensor (a scanned layout also stacks one parameter's
-layers). Ours -> HF holds one parameter at a time: each is read from the
-checkpoint when the safetensors writer reaches it (`LazyParam`) and dropped
-after. Measured with `tools/bench/convert_memory.py` (a 642 MB float32 model
-whose largest tensor is 125 MB), peak RSS above the imports is 820 MB (1.28x
-the model) for HF -> ours and 380 MB (0.59x the model, 3x its largest tensor)
-for ours -> HF. Export reads each parameter twice: a first pass plans the
-shards from the shapes.
+holds the parameters once (in the stored dtype; Orbax saves the whole tree,
+two arrays in flight) plus one Hugging Face tensor (a scanned layout stacks
+one parameter's layers in place). Ours -> HF holds one parameter at a time:
+each is read from the checkpoint when the safetensors writer reaches it
+(`LazyParam`) and dropped after; export reads each twice (a first pass plans
+the shards from the shapes). Peak RSS above the imports, measured with
+`tools/bench/convert_memory.py`:
+  SmolLM2-135M (513 MB float32): HF -> ours 668 MB (1.30x the model),
+    ours -> HF 434 MB (0.85x);
+  random Llama shape (642 MB): 748 MB (1.17x) and 381 MB (0.59x).
 """
 
 import dataclasses

@@ -156,8 +156,10 @@ def load_hf_weights(model: nnx.Module,
     if layer is not None:
       value = fetch(entry, entry.hf_name.format(layer=layer), variable.shape)
     elif "{layer}" in entry.hf_name:
-      value = np.stack([fetch(entry, name, variable.shape[1:])
-                        for name in _names(entry, num_layers)])
+      # Filled layer by layer: one stacked copy, not a list plus a stack.
+      value = np.empty(variable.shape, variable.dtype)
+      for i, name in enumerate(_names(entry, num_layers)):
+        value[i] = fetch(entry, name, variable.shape[1:])
     else:
       value = fetch(entry, entry.hf_name, variable.shape)
     # Replaces the value, so an abstract model (`nnx.eval_shape`) fills too.

@@ -1,10 +1,11 @@
 """Peak memory (RSS) of checkpoint conversion vs. the model's size.
 
-Writes a random Llama-shaped Hugging Face folder (~0.45 GB of float32), then
-runs each conversion direction in a fresh process and prints its peak RSS
-minus that of a process that only imports the same modules.
+Writes a random Llama-shaped Hugging Face folder (642 MB of float32), or
+takes a real one (`--hf_dir`, e.g. SmolLM2 saved by transformers), then runs
+each conversion direction in a fresh process and prints its peak RSS minus
+that of a process that only imports the same modules.
 
-  tools/bazel run //tools/bench:convert_memory -- [workdir]
+  tools/bazel run //tools/bench:convert_memory -- [--hf_dir=DIR] [workdir]
 """
 
 import json
@@ -12,6 +13,13 @@ import os
 import subprocess
 import sys
 import tempfile
+
+from absl import app
+from absl import flags
+
+_HF_DIR = flags.DEFINE_string(
+    "hf_dir", None, "A Hugging Face checkpoint folder to convert instead of a"
+    " random Llama-shaped one.")
 
 _IMPORTS = "from maxtext.checkpoint import hf_convert; import jax; jax.devices()"
 
@@ -25,9 +33,7 @@ def _peak_rss_mb(code: str) -> float:
   return int(out.split()[-1]) / 1024
 
 
-def main() -> None:
-  work = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp()
-  hf_dir = os.path.join(work, "hf")
+def _write_random_model(hf_dir: str) -> None:
   setup = f"""
 import json, numpy as np
 from maxtext.checkpoint import hf_convert, safetensors_io
@@ -51,6 +57,16 @@ safetensors_io.write_weights({hf_dir!r}, tensors, max_shard_size="200MB")
 json.dump(hf, open({hf_dir!r} + "/config.json", "w"))
 """
   subprocess.run([sys.executable, "-c", setup], check=True)
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 2:
+    raise app.UsageError(f"Unexpected arguments: {argv[2:]}")
+  work = argv[1] if len(argv) > 1 else tempfile.mkdtemp()
+  hf_dir = _HF_DIR.value
+  if not hf_dir:
+    hf_dir = os.path.join(work, "hf")
+    _write_random_model(hf_dir)
   size_mb = sum(os.path.getsize(os.path.join(hf_dir, f))
                 for f in os.listdir(hf_dir)
                 if f.endswith(".safetensors")) / 2**20
@@ -62,11 +78,12 @@ json.dump(hf, open({hf_dir!r} + "/config.json", "w"))
       _IMPORTS + f"\nhf_convert.orbax_to_hf({ours!r}, {work + '/back'!r},"
       " max_shard_size='200MB')")
   print(json.dumps({
-      "model_float32_mb": round(size_mb), "imports_only_peak_rss_mb":
-      round(base), "hf_to_orbax_peak_rss_over_imports_mb": round(to_ours -
-                                                                 base),
-      "orbax_to_hf_peak_rss_over_imports_mb": round(to_hf - base)}))
-
+      "hf_dir": hf_dir,
+      "safetensors_mb": round(size_mb),
+      "imports_only_peak_rss_mb": round(base),
+      "hf_to_orbax_peak_rss_over_imports_mb": round(to_ours - base),
+      "orbax_to_hf_peak_rss_over_imports_mb": round(to_hf - base),
+  }))
 
 if __name__ == "__main__":
-  main()
+  app.run(main)
