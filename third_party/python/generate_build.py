@@ -1,7 +1,7 @@
 """Writes the BUILD file of a pip_lock_repository (see pip_repository.bzl).
 
 One py_library per installed distribution: its data are the top-level
-directories and files it alone owns under `site/` (shared namespace folders
+directories and files it alone owns under `site-packages/` (shared namespace folders
 such as `google/` are split one level further), its deps are its
 `Requires-Dist` entries whose markers hold for this interpreter (no extras).
 """
@@ -102,7 +102,7 @@ def main():
         unresolved.append(dep)
     out.append("py_library(")
     out.append(f'    name = "{name}",')
-    out.append('    imports = ["site"],')
+    out.append(f'    imports = ["{args.site}"],')
     out.append("    data = [")
     out.extend(f'        "{args.site}/{p}",' for p in paths)
     out.append("    ],")

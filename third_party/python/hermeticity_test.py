@@ -13,15 +13,19 @@ class HermeticityTest(parameterized.TestCase):
   def test_interpreter_skips_site_packages(self):
     self.assertEqual(sys.flags.no_site, 1)
     self.assertEqual(sys.flags.safe_path, True)
+    # Our packages sit in <repo>/site-packages (so that libraries that tell
+    # installed modules by that name, like dill, treat them as installed);
+    # no other site-packages may be on the path.
     for entry in sys.path:
-      self.assertNotIn("site-packages", entry)
+      if "site-packages" in entry:
+        self.assertRegex(entry, r"/pypi(_test)?/site-packages$")
       self.assertNotIn("dist-packages", entry)
 
   def test_declared_package_comes_from_the_lock(self):
     import absl  # pylint: disable=g-import-not-at-top
 
     path = os.path.realpath(absl.__file__)
-    self.assertIn(os.path.join("external", "pypi", "site", "absl"), path)
+    self.assertIn(os.path.join("external", "pypi", "site-packages", "absl"), path)
 
   @parameterized.parameters(
       "numpy",  # In @pypi, but this test does not declare it.

@@ -2,7 +2,7 @@
 
 `pip_lock_repository` installs every package of a lock file (each pinned with
 `==` and `--hash`, installed with `--require-hashes --no-deps`) into
-`site/` of an external repository and generates one `py_library` per package,
+`site-packages/` of an external repository and generates one `py_library` per package,
 named by its normalised name (`@pypi//:jax`, `@pypi//:absl_py`). A library's
 data are the package's top-level directories and files (a few labels each,
 which keeps test sandboxes small), and its deps follow the package's
@@ -18,6 +18,11 @@ hash-checked, and unpacks it with a BUILD file of the caller's.
 """
 
 _PYTHON_PATH = "@python_host//:python_path.txt"
+
+# Where packages are installed in the repository. The name matters: some
+# libraries (dill, which `datasets` uses to fingerprint) treat modules outside
+# a "site-packages" folder as user code and pickle them by value.
+_SITE = "site-packages"
 
 def _python(rctx):
     return rctx.read(Label(_PYTHON_PATH)).strip()
@@ -44,7 +49,7 @@ def _pip_lock_repository_impl(rctx):
         "--no-deps",
         "--require-hashes",
         "--target",
-        "site",
+        _SITE,
         "-r",
         lock,
     ], "pip install of {}".format(rctx.attr.lock))
@@ -52,7 +57,7 @@ def _pip_lock_repository_impl(rctx):
         python,
         rctx.path(rctx.attr._generate_build),
         "--site",
-        "site",
+        _SITE,
         "--lock",
         lock,
         "--out",
