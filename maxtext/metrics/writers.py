@@ -129,11 +129,13 @@ def make_writers(workdir: str, *, tensorboard: bool,
 
 
 def read_jsonl(path: str) -> dict[int, dict[str, float | None]]:
-  """Metrics of `metrics.jsonl` by step (the last line of a step wins)."""
+  """Metrics of `metrics.jsonl` by step: the keys of every line of a step
+  (e.g. its eval line and its train line) merged, later lines winning (a
+  step written again after a restart)."""
   by_step = {}
   with open(path, encoding="utf-8") as f:
     for line in f:
       if line.strip():
         record = json.loads(line)
-        by_step[record.pop("step")] = record
+        by_step.setdefault(record.pop("step"), {}).update(record)
   return by_step

@@ -34,12 +34,13 @@ class WritersTest(absltest.TestCase):
     writer.write(2, {"train/loss": float("nan"), "perf/mfu": 0.5})
     writer.close()
     writer = writers.JsonlWriter(workdir)  # A resumed run appends.
+    writer.write(2, {"eval/loss": 4.5})  # Eval and train lines of a step.
     writer.write(2, {"train/loss": 4.0, "perf/mfu": 0.25})
     writer.close()
     self.assertEqual(
         writers.read_jsonl(os.path.join(workdir, "metrics.jsonl")),
         {1: {"train/loss": 5.0, "perf/mfu": None},
-         2: {"train/loss": 4.0, "perf/mfu": 0.25}})
+         2: {"eval/loss": 4.5, "train/loss": 4.0, "perf/mfu": 0.25}})
 
   def test_tensorboard_scalars(self):
     workdir = self.create_tempdir().full_path
