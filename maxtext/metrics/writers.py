@@ -54,15 +54,27 @@ class LogWriter(MetricWriter):
     logging.info("step %d | %s", step, " | ".join(parts))
 
 
+def _drop_torn_last_line(path: str) -> None:
+  """Truncates `path` after its last newline (a killed writer's partial line)."""
+  if not os.path.exists(path):
+    return
+  with open(path, "rb+") as f:
+    data = f.read()
+    if data and not data.endswith(b"\n"):
+      f.truncate(data.rfind(b"\n") + 1)
+
+
 class JsonlWriter(MetricWriter):
   """Appends `{"step": s, key: value, ...}` lines to `<workdir>/metrics.jsonl`.
 
   A resumed run appends too; when a step appears twice, the later line wins.
+  A last line left half-written by a killed run is cut off first.
   """
 
   def __init__(self, workdir: str):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, JSONL_FILENAME)
+    _drop_torn_last_line(self.path)
     self._file = open(self.path, "a", encoding="utf-8")
 
   def write(self, step: int, metrics: Metrics) -> None:

@@ -42,6 +42,20 @@ class WritersTest(absltest.TestCase):
         {1: {"train/loss": 5.0, "perf/mfu": None},
          2: {"eval/loss": 4.5, "train/loss": 4.0, "perf/mfu": 0.25}})
 
+  def test_resume_cuts_a_torn_last_line(self):
+    workdir = self.create_tempdir().full_path
+    writer = writers.JsonlWriter(workdir)
+    writer.write(1, {"train/loss": 5.0})
+    writer.close()
+    path = os.path.join(workdir, "metrics.jsonl")
+    with open(path, "a", encoding="utf-8") as f:
+      f.write('{"step": 2, "train/lo')  # Killed mid-write.
+    writer = writers.JsonlWriter(workdir)
+    writer.write(2, {"train/loss": 4.0})
+    writer.close()
+    self.assertEqual(writers.read_jsonl(path),
+                     {1: {"train/loss": 5.0}, 2: {"train/loss": 4.0}})
+
   def test_tensorboard_scalars(self):
     workdir = self.create_tempdir().full_path
     writer = writers.TensorBoardWriter(workdir)
