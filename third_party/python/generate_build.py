@@ -3,7 +3,8 @@
 One py_library per installed distribution: its data are the top-level
 directories and files it alone owns under `site-packages/` (shared namespace folders
 such as `google/` are split one level further), its deps are its
-`Requires-Dist` entries whose markers hold for this interpreter (no extras).
+`Requires-Dist` entries whose markers hold for this interpreter, plus the
+extra requirements of dependencies it asks for with extras (`pkg[extra]`).
 """
 
 import argparse
@@ -26,14 +27,36 @@ def lock_names(path):
 
 
 def read_metadata(dist_info):
+  """(name, requirements, {extra: requirements}); a requirement is
+  (name, extras it asks for), markers evaluated for this interpreter."""
   with open(dist_info / "METADATA", encoding="utf-8") as f:
     headers = email.parser.Parser().parse(f, headersonly=True)
-  requires = set()
+  provided = headers.get_all("Provides-Extra") or ()
+  requires, extras = [], {}
   for line in headers.get_all("Requires-Dist") or ():
     requirement = Requirement(line)
+    item = (normalize(requirement.name), tuple(sorted(requirement.extras)))
     if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-      requires.add(normalize(requirement.name))
-  return normalize(headers["Name"]), sorted(requires)
+      requires.append(item)
+      continue
+    for extra in provided:
+      if requirement.marker.evaluate({"extra": extra}):
+        extras.setdefault(normalize(extra), []).append(item)
+  return normalize(headers["Name"]), requires, extras
+
+
+def expand_extras(requires, extras):
+  """Names a distribution needs: its requirements plus, for each one that
+  asks for extras (`typepy[datetime]`), that package's extra requirements."""
+  names, todo, seen = set(), list(requires), set()
+  while todo:
+    name, wanted = todo.pop()
+    names.add(name)
+    for extra in wanted:
+      if (name, extra) not in seen:
+        seen.add((name, extra))
+        todo.extend(extras.get(name, {}).get(normalize(extra), ()))
+  return sorted(names)
 
 
 def read_record(dist_info):
@@ -81,11 +104,12 @@ def main():
   site = pathlib.Path(args.site)
   locked = lock_names(args.lock)
   base = lock_names(args.base_lock) if args.base_lock else set()
-  records, requires = {}, {}
+  records, direct, extras = {}, {}, {}
   for dist_info in sorted(site.glob("*.dist-info")):
-    name, deps = read_metadata(dist_info)
+    name, direct[name], extras[name] = read_metadata(dist_info)
     records[name] = [p for p in read_record(dist_info) if (site / p).exists()]
-    requires[name] = deps
+  requires = {name: [dep for dep in expand_extras(items, extras) if dep != name]
+              for name, items in direct.items()}
   missing = locked - set(records)
   if missing:
     sys.exit(f"generate_build: locked but not installed: {sorted(missing)}")
