@@ -4,8 +4,9 @@
 # requirements_lock.txt      <- requirements.in       (runtime, @pypi)
 # requirements_test_lock.txt <- requirements_test.in  (test-only, @pypi_test),
 #   resolved together with the runtime lock and holding only what it adds.
-# Locks target CPython 3.11 on x86-64 Linux (manylinux_2_28), the platform CI
-# runs on. Needs network access to PyPI; uses uv from a throwaway virtualenv.
+# Locks target CPython 3.11 on x86-64 Linux with glibc 2.31+ (manylinux_2_31,
+# e.g. Debian 11+; libtpu's wheels need it), the platform CI runs on. Needs
+# network access to PyPI; uses uv from a throwaway virtualenv.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="$(mktemp -d)"
@@ -13,7 +14,7 @@ trap 'rm -rf "${venv}"' EXIT
 python3 -m venv "${venv}"
 "${venv}/bin/pip" install -q uv==0.13.9
 compile=("${venv}/bin/uv" pip compile -q --generate-hashes --no-header
-  --python-version 3.11 --python-platform x86_64-manylinux_2_28)
+  --python-version 3.11 --python-platform x86_64-manylinux_2_31)
 # The CPU build of torch is not on PyPI's index; take it from a local wheel
 # folder when one is configured (PIP_FIND_LINKS), as pip does.
 for links in ${PIP_FIND_LINKS:-/opt/wheels}; do
