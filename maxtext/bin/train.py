@@ -1,7 +1,7 @@
 r"""Trains a language model from a config file.
 
 Metrics, TensorBoard events, checkpoints and the resolved config go to
---workdir; running again with the same workdir resumes from its latest
+--workdir; running again with the same workdir resumes from its newest usable
 checkpoint (parameters, optimizer and data position).
 
 Example (the small Gemma 3 on Shakespeare, a few minutes on a CPU):
@@ -12,18 +12,43 @@ Example (the small Gemma 3 on Shakespeare, a few minutes on a CPU):
 On several hosts, run the same command on each with --coordinator_address
 (host:port of process 0), --num_processes and --process_id, or under a cluster
 launcher (Slurm, mpirun, Cloud TPU) that sets them in the environment.
+
+Faults. Checkpoints carry a checksum manifest; a corrupt one is reported
+(step and path) and the next older one used. With --config.checkpoint.local_dir
+(a folder in the workdir, or a symlink there to a RAM disk or local SSD) and
+--config.checkpoint.local_every_steps, a fast local tier bounds what a killed
+process (SIGKILL) costs to the updates since its last local save (a lost
+machine: since the last persistent one); the run resumes from the newest
+usable checkpoint of either tier. It may resume on another device count or
+mesh, as long as the batch divides over it.
+
+Exit status:
+  0   trained to train.steps.
+  1   an error: one line on stderr names what is wrong (a config key or value,
+      a path, a checkpoint's step and path, the step of a NaN); rerun with
+      --verbosity=1 for the traceback. Nothing written before is lost.
+  75  preempted: SIGTERM arrived, the run saved a checkpoint at the next step
+      boundary and stopped ("Preempted after update N ..."); run the same
+      command again to resume.
 """
 
+import functools
 import sys
 
 from absl import app
 from absl import flags
 from absl import logging
 import jax
+import ml_collections
 from ml_collections import config_flags
 
+from maxtext.aot import saved_step
+from maxtext.checkpoint import manager as checkpoint_lib
+from maxtext.common import cli
 from maxtext.trainers import config_flag
 from maxtext.trainers import distributed
+from maxtext.trainers import loop
+from maxtext.trainers import preemption
 from maxtext.trainers import pretrain
 from maxtext.trainers import workdir as workdir_lib
 
@@ -35,6 +60,11 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None,
     "Output directory; default runs/<config file stem>[_<variant>] under the"
     " directory you run from.")
+_COMPILED = flags.DEFINE_string(
+    "compiled", None,
+    "A train step compiled ahead of time by `aot_compile --save` for this"
+    " config and topology; refused, naming the differences, if it was"
+    " compiled for another.")
 _COORDINATOR_ADDRESS = flags.DEFINE_string(
     "coordinator_address", None,
     "Multi-process runs: host:port of process 0's coordinator (the same on"
@@ -47,14 +77,43 @@ _PROCESS_ID = flags.DEFINE_integer(
     " the logs, metrics and config.")
 
 
+# Errors of bad input or a bad environment: reported in one line, exit 1.
+EXPECTED_ERRORS = cli.EXPECTED_ERRORS + (checkpoint_lib.CheckpointError,
+                                         loop.NonFiniteError)
+
+
+def errors_in_one_line():
+  """`cli.errors_in_one_line` for train's `EXPECTED_ERRORS`."""
+  return cli.errors_in_one_line("train", EXPECTED_ERRORS)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str,
+        compiled: str | None = None) -> None:
+  """Trains `config` in `workdir` with the exits of the module docstring,
+  with the train step saved in `compiled` if given.
+
+  Raises:
+    SystemExit: on bad input (one line, status 1) or after a preemption
+      (status `EXIT_CODE_PREEMPTED`).
+  """
+  compile_fn = (functools.partial(saved_step.load_compiled, compiled)
+                if compiled else None)
+  with errors_in_one_line():
+    result = pretrain.train(config, workdir, compile_fn=compile_fn)
+  if result.preempted:
+    logging.warning("Preempted after update %d; its checkpoint is in %s. Run"
+                    " the same command to resume.", result.step, workdir)
+    raise SystemExit(preemption.EXIT_CODE_PREEMPTED)
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  distributed.initialize(_COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
-                         _PROCESS_ID.value)
+  with errors_in_one_line():
+    distributed.initialize(_COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
+                           _PROCESS_ID.value)
   config_path = config_flags.get_config_filename(flags.FLAGS["config"])
-  workdir = (workdir_lib.user_path(_WORKDIR.value) if _WORKDIR.value else
-             workdir_lib.default_workdir(config_path))
+  workdir = workdir_lib.resolve_workdir(_WORKDIR.value, config_path)
   logging.info("Process %d of %d; %d local / %d global devices: %s.",
                jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count(),
@@ -62,7 +121,8 @@ def main(argv: list[str]) -> None:
   logging.info("Config %s, workdir %s.", config_path, workdir)
   if jax.process_index() != 0:
     logging.set_verbosity(logging.WARNING)  # Process 0 logs the run.
-  pretrain.train(_CONFIG.value, workdir)
+  run(_CONFIG.value, workdir,
+      workdir_lib.user_path(_COMPILED.value) if _COMPILED.value else None)
 
 
 if __name__ == "__main__":

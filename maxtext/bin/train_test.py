@@ -1,7 +1,16 @@
-"""Tests the train binary's flags: config file, overrides, default workdir."""
+"""Tests the train binary: flags, default workdir, and one-line errors.
 
+Bad input (a misspelt key, an impossible mesh, a missing tokenizer, data
+file or workdir, a checkpoint of another model, a workdir-escaping path, a
+full disk) must end the run with one line naming the bad value, exit status
+1, and nothing written before lost. (Bad command-line overrides are flag
+errors: config_flag_test.)
+"""
+
+import errno
 import json
 import os
+import subprocess
 import sys
 from unittest import mock
 import warnings
@@ -9,10 +18,55 @@ import warnings
 from absl import flags
 from absl.testing import absltest
 
+from configs import gemma3
 from maxtext.bin import train
+from maxtext.checkpoint import integrity
+from maxtext.checkpoint import manager as checkpoint_lib
+from maxtext.metrics import writers
+from maxtext.trainers import workdir as workdir_lib
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+# A model that compiles and trains in seconds, on synthetic tokens.
+_TINY = {
+    "train.batch_size": 2, "data.seq_len": 16, "data.source": "synthetic",
+    "model.vocab_size": 256, "model.num_layers": 1, "model.embed_dim": 32,
+    "model.mlp_dim": 64, "model.num_heads": 2, "model.num_kv_heads": 1,
+    "model.head_dim": 16, "model.query_pre_attn_scalar": 16.0,
+    "logging.every_steps": 1, "logging.tensorboard": False,
+}
+
+
+def _config(**overrides):
+  """The real gemma3 config with `_TINY` and `overrides` (`a__b=v` sets
+  a.b)."""
+  config = gemma3.get_config()
+  values = {**_TINY, **{k.replace("__", "."): v for k, v in overrides.items()}}
+  for key, value in values.items():
+    *path, field = key.split(".")
+    node = config
+    for part in path:
+      node = node[part]
+    node[field] = value
+  return config
 
 
 class TrainBinaryTest(absltest.TestCase):
+
+  def _run(self, config, workdir: str) -> str | None:
+    """`train.run`; returns its one-line error, or None on success."""
+    try:
+      train.run(config, workdir)
+    except SystemExit as e:
+      return e.code
+    return None
+
+  def _assert_error(self, message: str | None, *fragments: str) -> None:
+    self.assertIsInstance(message, str)
+    self.assertNotIn("\n", message)
+    self.assertTrue(message.startswith("train: error: "), message)
+    for fragment in fragments:
+      self.assertIn(fragment, message)
 
   def test_trains_into_the_default_workdir_with_overrides(self):
     user_dir = self.create_tempdir().full_path
@@ -36,12 +90,107 @@ class TrainBinaryTest(absltest.TestCase):
     self.assertEqual(config["train"]["steps"], 2)
     self.assertEqual(config["model"]["num_layers"], 1)
     self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["2"])
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-      self.assertLen(f.readlines(), 2)
+    metrics = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    self.assertEqual(sorted(metrics), [1, 2])
+    self.assertIn("train/loss", metrics[1])
+    self.assertGreater(metrics[2]["goodput/percent"], 0)
 
   def test_extra_arguments_are_rejected(self):
     with self.assertRaisesRegex(Exception, "Unexpected arguments"):
       train.main(["train", "stray"])
+
+  def test_misspelt_key_in_a_config_file_gets_a_suggestion(self):
+    config = _config()
+    config.unlock()
+    config.optimizer.learnin_rate = 1e-3  # A typo in a config file.
+    message = self._run(config, self.create_tempdir().full_path)
+    self._assert_error(message, "'optimizer.learnin_rate'",
+                       "did you mean 'optimizer.learning_rate'")
+
+  def test_impossible_mesh(self):
+    message = self._run(_config(mesh__ici__data=1, mesh__ici__tensor=3),
+                        self.create_tempdir().full_path)
+    self._assert_error(message, "ValueError", "tensor", "3")
+
+  def test_missing_tokenizer(self):
+    missing = os.path.join(self.create_tempdir().full_path, "tok.model")
+    message = self._run(_config(data__source="text", data__tokenizer=missing),
+                        self.create_tempdir().full_path)
+    self._assert_error(message, missing)
+
+  def test_missing_data_files(self):
+    missing = os.path.join(self.create_tempdir().full_path, "*.txt")
+    message = self._run(_config(data__source="text", data__files=missing,
+                                model__vocab_size=32768),
+                        self.create_tempdir().full_path)
+    self._assert_error(message, "FileNotFoundError", missing)
+
+  def test_workdir_that_is_a_file(self):
+    not_a_dir = self.create_tempfile("run").full_path
+    self._assert_error(self._run(_config(), not_a_dir), not_a_dir)
+
+  def test_local_tier_outside_the_workdir_is_refused(self):
+    workdir = self.create_tempdir().full_path
+    message = self._run(_config(checkpoint__local_dir="../elsewhere",
+                                checkpoint__local_every_steps=1), workdir)
+    self._assert_error(message, "checkpoint.local_dir='../elsewhere'",
+                       f"inside the workdir {workdir}")
+    self.assertEqual(os.listdir(workdir), [])  # Nothing written.
+
+  def test_checkpoint_of_another_model_and_full_disk_lose_nothing(self):
+    workdir = self.create_tempdir().full_path
+    self.assertIsNone(self._run(_config(train__steps=1), workdir))
+    # Another model shape in the same workdir.
+    message = self._run(_config(train__steps=2, model__mlp_dim=48), workdir)
+    self._assert_error(message, "CheckpointMismatchError",
+                       os.path.join(workdir, "checkpoints", "1"),
+                       "a different model or optimizer: params/",
+                       "64) in the checkpoint, (1, 32, 48) in the model")
+    # The disk fills while step 2 is saved.
+    original = integrity.write_manifest
+
+    def fill_disk_at_step_2(path):
+      if os.path.basename(path).startswith("2."):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+      return original(path)
+
+    with mock.patch.object(integrity, "write_manifest", fill_disk_at_step_2):
+      message = self._run(_config(train__steps=3, checkpoint__every_steps=1),
+                          workdir)
+    self._assert_error(
+        message, "CheckpointError", "Writing the persistent checkpoint"
+        f" {os.path.join(workdir, 'checkpoints', '2')} failed",
+        "No space left on device", "intact: steps [1]")
+    # With space again, the run resumes from step 1 and finishes.
+    self.assertIsNone(self._run(_config(train__steps=3), workdir))
+    ckpt = checkpoint_lib.Checkpointer(
+        os.path.join(workdir, workdir_lib.CHECKPOINT_DIRNAME),
+        max_to_keep=3, async_save=False)
+    self.addCleanup(ckpt.close)
+    self.assertEqual(ckpt.all_steps(), [1, 3])
+    metrics = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    self.assertEqual(sorted(metrics), [1, 2, 3])
+
+  def test_the_binary_prints_one_line_and_no_traceback(self):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
+        p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p))
+    # The interpreter as this test was started (Bazel's adds -S -P).
+    interpreter = ([sys.executable] + (["-S"] if sys.flags.no_site else []) +
+                   (["-P"] if sys.flags.safe_path else []))
+    result = subprocess.run(
+        interpreter + ["-m", "maxtext.bin.train",
+                       f"--config={_ROOT}/configs/gemma3.py:small",
+                       f"--workdir={self.create_tempdir().full_path}",
+                       *(f"--config.{k}={v}" for k, v in _TINY.items()),
+                       "--config.mesh.ici.data=1",
+                       "--config.mesh.ici.tensor=3"],
+        cwd=_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        check=False)
+    self.assertEqual(result.returncode, 1, result.stderr[-3000:])
+    self.assertNotIn("Traceback", result.stderr)
+    last = result.stderr.strip().splitlines()[-1]
+    self.assertTrue(last.startswith("train: error: ValueError: "), last)
+    self.assertIn("tensor", last)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,68 @@
-"""Training checkpoints: an Orbax `CheckpointManager` with clear errors.
+"""Training checkpoints: Orbax managers in tiers, verified, with clear errors.
 
 A checkpoint at step `s` (after `s` updates) lives in `<directory>/<s>/` with
 two items:
   state: the training state pytree (parameters, optimizer state, step),
     restored into an already-built abstract tree (shapes, dtypes, shardings);
-  data: the input pipeline position, a small JSON dict.
+  data: the input pipeline position, a small JSON dict;
+and `maxtext_manifest.json`, the size and SHA-256 of every file
+(`maxtext.checkpoint.integrity`).
+
+Atomicity: Orbax writes a checkpoint into `<s>.orbax-checkpoint-tmp`, and the
+manifest is written into that folder (by process 0, after every process has
+written its files) before Orbax renames it to `<s>`: a step folder is visible
+only once complete, manifest included. A temporary folder left by a killed
+run is deleted when the next run opens the directory.
 
 Saving is asynchronous when configured: `save` returns once the arrays are
-copied off the device and the files are written in the background; `wait`
-blocks until they are durable. Only finished checkpoints are visible to
-`latest_step` (Orbax writes to a temporary folder and renames it at the end).
+copied off the device, and the files, the manifest and the rename happen in
+the background; `wait` blocks until they are durable. A failed background
+write (e.g. a full disk) is raised by the next `save` or `wait` as a
+`CheckpointError` naming the step and path; the checkpoints before it are
+untouched (Orbax deletes old checkpoints only after a new one is committed).
+
+Tiers: a run may keep a fast local tier (`CheckpointConfig.local_dir`) next
+to the persistent one (`<workdir>/checkpoints`), each a `Checkpointer`.
+`restore_newest` takes the newest usable step of any tier: it verifies each
+candidate against its manifest, newest first, and skips (reporting step and
+path) the corrupt ones, renaming them to `<s>.corrupt-<time>` once an older
+one has restored so that the run can save that step again. Since the
+manifest is part of the commit, a step folder without a valid one is corrupt
+too. A checkpoint whose arrays do not fit the model (another model's shapes)
+is an error, not a fallback: older checkpoints of the run would not fit
+either.
+
+Checkpoints are read only through Orbax (TensorStore arrays) and JSON: nothing
+is ever unpickled.
 """
 
 import dataclasses
 import os
+import shutil
+import time
 from typing import Any
 
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
 import orbax.checkpoint as ocp
+
+from maxtext.checkpoint import integrity
 
 STATE_ITEM = "state"
 DATA_ITEM = "data"
+# Orbax's name for a step folder being written (orbax.checkpoint atomicity).
+ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
+CORRUPT_MARK = ".corrupt-"
 
 
 class CheckpointError(RuntimeError):
   """A checkpoint is missing or cannot be read; the message names its path."""
+
+
+class CheckpointMismatchError(CheckpointError):
+  """A checkpoint holds arrays of another model (names the path and array)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,15 +70,27 @@ class CheckpointConfig:
   """The `checkpoint` config section.
 
   Attributes:
-    every_steps: Save every this many updates (and always at the end of a
-      run); 0 saves only at the end.
-    max_to_keep: Most recent checkpoints kept on disk.
+    every_steps: Save to the persistent tier (`<workdir>/checkpoints`) every
+      this many updates (and always at the end of a run or on preemption);
+      0 saves only then.
+    max_to_keep: Most recent persistent checkpoints kept.
     async_save: Write files in the background while training continues.
+    every_minutes: Also save to the persistent tier when this many minutes
+      passed since its last save (process 0's clock decides); 0 is off.
+    local_dir: The fast local tier (local SSD or RAM disk), relative to the
+      workdir and inside it (a symlink in the workdir may point elsewhere);
+      empty turns the tier off. It must be visible to every process.
+    local_every_steps: Save to the local tier every this many updates.
+    local_max_to_keep: Most recent local checkpoints kept.
   """
 
   every_steps: int
   max_to_keep: int
   async_save: bool
+  every_minutes: float = 0.0
+  local_dir: str = ""
+  local_every_steps: int = 0
+  local_max_to_keep: int = 2
 
   def __post_init__(self):
     if self.every_steps < 0:
@@ -48,21 +99,91 @@ class CheckpointConfig:
     if self.max_to_keep < 1:
       raise ValueError(
           f"checkpoint.max_to_keep={self.max_to_keep!r} must be >= 1.")
+    if self.every_minutes < 0:
+      raise ValueError(
+          f"checkpoint.every_minutes={self.every_minutes!r} must be >= 0"
+          " (0 is off).")
+    if self.local_max_to_keep < 1:
+      raise ValueError(
+          f"checkpoint.local_max_to_keep={self.local_max_to_keep!r} must be"
+          " >= 1.")
+    if self.local_dir and self.local_every_steps < 1:
+      raise ValueError(
+          f"checkpoint.local_every_steps={self.local_every_steps!r} must be"
+          f" >= 1 with checkpoint.local_dir={self.local_dir!r}.")
+    if not self.local_dir and self.local_every_steps:
+      raise ValueError(
+          f"checkpoint.local_every_steps={self.local_every_steps!r} needs"
+          " checkpoint.local_dir (the local tier's folder); set it or set"
+          " local_every_steps=0.")
+
+
+def _all_processes(ok: bool) -> bool:
+  """Whether `ok` holds on every process (one tiny all-gather if several)."""
+  if jax.process_count() == 1:
+    return ok
+  return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+
+
+def _path_str(path) -> str:
+  parts = []
+  for key in path:
+    for attr in ("key", "name", "idx"):
+      if hasattr(key, attr):
+        parts.append(str(getattr(key, attr)))
+        break
+    else:
+      parts.append(str(key))
+  return "/".join(parts)
+
+
+def _shapes(tree) -> dict[str, tuple[int, ...]]:
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {_path_str(path): tuple(leaf.shape) for path, leaf in leaves}
 
 
 class Checkpointer:
-  """Saves and restores training checkpoints under one directory."""
+  """Saves and restores training checkpoints under one directory (a tier)."""
 
-  def __init__(self, directory: str, config: CheckpointConfig):
+  def __init__(self, directory: str, *, max_to_keep: int, async_save: bool,
+               tier: str = "persistent"):
+    """Opens (creating) `directory`; deletes temporary folders of killed runs.
+
+    Args:
+      directory: Where the step folders go.
+      max_to_keep: Most recent checkpoints kept.
+      async_save: Whether `save` returns before the files are written.
+      tier: Name of the tier, for messages.
+    """
     self.directory = os.path.abspath(directory)
-    self.config = config
+    self.tier = tier
+    self.async_save = async_save
+    self._saving_step = None  # Step of the save in flight, if any.
+    if jax.process_index() == 0:
+      self._delete_unfinished()
+    # Orbax's async checkpointer even when saves block (`wait` after each):
+    # only it runs the callback that writes the manifest before the rename.
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=config.max_to_keep,
-            enable_async_checkpointing=config.async_save,
+            max_to_keep=max_to_keep,
+            enable_async_checkpointing=True,
+            async_options=ocp.AsyncOptions(
+                post_finalization_callback=self._write_manifest),
             create=True),
-        item_names=(STATE_ITEM, DATA_ITEM))
+        item_names=(STATE_ITEM, DATA_ITEM),
+        item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(),
+                       DATA_ITEM: ocp.JsonCheckpointHandler()})
+
+  def _delete_unfinished(self) -> None:
+    """Deletes the temporary folders of saves a killed run left behind."""
+    if not os.path.isdir(self.directory):
+      return
+    for name in sorted(os.listdir(self.directory)):
+      if ORBAX_TMP_SUFFIX in name:
+        path = os.path.join(self.directory, name)
+        logging.warning("Deleting %s, an unfinished save.", path)
+        shutil.rmtree(path)
 
   def step_path(self, step: int) -> str:
     """Directory of the checkpoint of `step`."""
@@ -72,29 +193,126 @@ class Checkpointer:
     """Steps of the finished checkpoints, ascending."""
     return sorted(self._manager.all_steps())
 
+  def reload(self) -> None:
+    """Re-reads the steps from disk (after a change by someone else)."""
+    self._manager.reload()
+
   def latest_step(self) -> int | None:
     """Step of the newest finished checkpoint, or None when there is none."""
     return self._manager.latest_step()
+
+  def _write_manifest(self) -> None:
+    # Orbax calls this on process 0 in the save thread, after all processes
+    # wrote their files and before it renames the temporary folder.
+    tmp_dir = self.step_path(self._saving_step) + ORBAX_TMP_SUFFIX
+    if not os.path.isdir(tmp_dir):
+      raise CheckpointError(
+          f"Expected Orbax's temporary folder {tmp_dir} to write the manifest"
+          " into; has Orbax's layout changed?")
+    integrity.write_manifest(tmp_dir)
+
+  def _save_failed(self, step: int, error: Exception) -> CheckpointError:
+    self.reload()
+    return CheckpointError(
+        f"Writing the {self.tier} checkpoint {self.step_path(step)} failed:"
+        f" {type(error).__name__}: {error}. Earlier checkpoints in"
+        f" {self.directory} are intact: steps {self.all_steps() or 'none'}.")
 
   def save(self, step: int, state: Any, data_state: dict[str, Any]) -> None:
     """Saves `state` and `data_state` as the checkpoint of `step`.
 
     Does nothing when `step` is already saved (e.g. a periodic save that is
     also the last step).
+
+    Raises:
+      CheckpointError: this save, or the background part of the previous
+        one, failed (names its step and path).
     """
+    self.wait()  # Reports a failed previous save as such.
     if step in self._manager.all_steps():
       return
-    self._manager.save(
-        step,
-        args=ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.StandardSave(state),
-            DATA_ITEM: ocp.args.JsonSave(data_state),
-        }),
-        force=True)
+    self._saving_step = step
+    try:
+      self._manager.save(
+          step,
+          args=ocp.args.Composite(**{
+              STATE_ITEM: ocp.args.StandardSave(state),
+              DATA_ITEM: ocp.args.JsonSave(data_state),
+          }),
+          force=True)
+    except Exception as e:  # Orbax and TensorStore raise many kinds.
+      self._saving_step = None
+      raise self._save_failed(step, e) from e
+    if not self.async_save:
+      self.wait()
+
+  def wait(self) -> None:
+    """Blocks until every started save is durable.
+
+    Raises:
+      CheckpointError: the save in flight failed (names its step and path).
+    """
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # Raised from Orbax's save thread.
+      if self._saving_step is None:
+        raise
+      raise self._save_failed(self._saving_step, e) from e
+    finally:
+      self._saving_step = None
+
+  def check(self, step: int) -> list[str]:
+    """Problems of the files of `step` against its manifest; [] if intact.
+
+    Every process checks a share of the files; whether the list is empty is
+    the same on all of them.
+    """
+    problems = integrity.check(self.step_path(step),
+                               shard_index=jax.process_index(),
+                               shard_count=jax.process_count())
+    if not _all_processes(not problems):
+      return problems or ["files checked by another process differ from the"
+                          " manifest (see its log)"]
+    return []
+
+  def _check_fits(self, step: int, abstract_state: Any) -> None:
+    """Raises `CheckpointMismatchError` if `step` holds another model."""
+    path = self.step_path(step)
+    try:
+      saved = self._manager.item_metadata(step)[STATE_ITEM]
+    except Exception as e:  # Unreadable metadata: a corrupt checkpoint.
+      raise CheckpointError(
+          f"Checkpoint {path} is corrupt: its metadata cannot be read:"
+          f" {type(e).__name__}: {e}") from e
+    if saved is None:
+      raise CheckpointError(f"Checkpoint {path} has no '{STATE_ITEM}' item.")
+    saved_shapes = _shapes(saved)
+    want_shapes = _shapes(abstract_state)
+    differences = {
+        name: f"{saved_shapes[name]} in the checkpoint, {shape} in the model"
+        for name, shape in want_shapes.items()
+        if name in saved_shapes and saved_shapes[name] != shape}
+    differences.update({name: "not in the checkpoint"
+                        for name in set(want_shapes) - set(saved_shapes)})
+    differences.update({name: "not in the model"
+                        for name in set(saved_shapes) - set(want_shapes)})
+    if differences:
+      # Shortest paths first: parameters before their optimizer moments.
+      shown = "; ".join(f"{name}: {differences[name]}" for name in sorted(
+          differences, key=lambda n: (n.count("/"), n))[:3])
+      more = (f" (and {len(differences) - 3} more)"
+              if len(differences) > 3 else "")
+      raise CheckpointMismatchError(
+          f"Checkpoint {path} was saved from a different model or optimizer:"
+          f" {shown}{more}. Resume with the config it was saved with, or use"
+          " a new workdir.")
 
   def restore(self, abstract_state: Any,
               step: int | None = None) -> tuple[Any, dict[str, Any]]:
     """Restores a checkpoint into the structure of `abstract_state`.
+
+    The files are not verified against the manifest here (see `check` and
+    `restore_newest`).
 
     Args:
       abstract_state: Pytree of `jax.ShapeDtypeStruct` (with shardings) or
@@ -105,8 +323,9 @@ class Checkpointer:
       (state, data_state).
 
     Raises:
-      CheckpointError: there is no such checkpoint, or it cannot be read
-        (corrupt, or saved from a different model); the error names the path.
+      CheckpointMismatchError: the checkpoint holds another model's arrays.
+      CheckpointError: there is no such checkpoint, or it cannot be read;
+        the error names the path.
     """
     if step is None:
       step = self.latest_step()
@@ -117,6 +336,7 @@ class Checkpointer:
       raise CheckpointError(
           f"Checkpoint {path} does not exist; checkpoints in"
           f" {self.directory}: {self.all_steps() or 'none'}.")
+    self._check_fits(step, abstract_state)
     try:
       restored = self._manager.restore(
           step,
@@ -128,13 +348,109 @@ class Checkpointer:
       raise CheckpointError(
           f"Checkpoint {path} could not be restored (corrupt, or saved from a"
           f" different model or optimizer): {type(e).__name__}: {e}") from e
-    return restored[STATE_ITEM], dict(restored[DATA_ITEM])
+    data_state = restored[DATA_ITEM]
+    if not isinstance(data_state, dict):
+      raise CheckpointError(
+          f"Checkpoint {path}: the '{DATA_ITEM}' item is not a JSON object.")
+    return restored[STATE_ITEM], dict(data_state)
 
-  def wait(self) -> None:
-    """Blocks until every started save is durable."""
-    self._manager.wait_until_finished()
+  def quarantine(self, step: int) -> str:
+    """Renames the folder of `step` out of the way; returns its new path.
+
+    Process 0 renames; every process then sees the step gone.
+    """
+    path = self.step_path(step)
+    new_path = f"{path}{CORRUPT_MARK}{int(time.time())}"
+    if jax.process_index() == 0:
+      os.rename(path, new_path)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"quarantine {path}")
+    self.reload()
+    return new_path
 
   def close(self) -> None:
     """Waits for pending saves and releases the manager."""
-    self._manager.wait_until_finished()
-    self._manager.close()
+    try:
+      self.wait()
+    finally:
+      self._manager.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+  """What `restore_newest` found.
+
+  Attributes:
+    step: The checkpoint's step.
+    state: The restored pytree.
+    data_state: The input pipeline position saved with it.
+    path: Its folder.
+    tier: The tier it came from.
+  """
+
+  step: int
+  state: Any
+  data_state: dict[str, Any]
+  path: str
+  tier: str
+
+
+def restore_newest(checkpointers: list[Checkpointer],
+                   abstract_state: Any) -> Restored | None:
+  """Restores the newest usable checkpoint of any tier.
+
+  Candidates are tried newest first (on a tie, the earlier checkpointer in
+  the list first). A candidate failing its manifest check or its restore is
+  reported and the next one tried; once one restores, the failed newer ones
+  are renamed aside (`Checkpointer.quarantine`) so that their steps can be
+  saved again.
+
+  Args:
+    checkpointers: The tiers, fastest first.
+    abstract_state: The structure to restore into (see
+      `Checkpointer.restore`).
+
+  Returns:
+    The restored checkpoint, or None when no tier has any.
+
+  Raises:
+    CheckpointMismatchError: a checkpoint holds another model's arrays.
+    CheckpointError: there are checkpoints but none is usable (names each
+      one's step, path and problem; nothing is renamed).
+  """
+  candidates = sorted(
+      ((step, rank, ckpt) for rank, ckpt in enumerate(checkpointers)
+       for step in ckpt.all_steps()),
+      key=lambda c: (-c[0], c[1]))
+  failures = []  # (checkpointer, step, problem)
+  for step, _, ckpt in candidates:
+    path = ckpt.step_path(step)
+    problems = ckpt.check(step)
+    if problems:
+      problem = "; ".join(problems[:5]) + (
+          f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
+      logging.warning("Checkpoint of step %d (%s) is corrupt: %s. Trying an"
+                      " older one.", step, path, problem)
+      failures.append((ckpt, step, problem))
+      continue
+    try:
+      state, data_state = ckpt.restore(abstract_state, step)
+    except CheckpointMismatchError:
+      raise
+    except CheckpointError as e:
+      logging.warning("%s Trying an older one.", e)
+      failures.append((ckpt, step, str(e)))
+      continue
+    for bad_ckpt, bad_step, _ in failures:
+      moved = bad_ckpt.quarantine(bad_step)
+      logging.warning("Moved the unusable checkpoint of step %d to %s.",
+                      bad_step, moved)
+    return Restored(step=step, state=state, data_state=data_state, path=path,
+                    tier=ckpt.tier)
+  if failures:
+    listed = "; ".join(f"step {step} ({ckpt.step_path(step)}): {problem}"
+                       for ckpt, step, problem in failures)
+    raise CheckpointError(
+        f"No usable checkpoint: {listed}. Move these folders away to start"
+        " from scratch.")
+  return None

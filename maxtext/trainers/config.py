@@ -3,12 +3,15 @@
 `ExperimentConfig.from_config_dict(config)` turns the `ml_collections`
 config of a `configs/<family>.py` file (after command-line overrides) into
 frozen dataclasses, one per section. Library code receives these, never the
-ConfigDict. An unknown or missing key is an error that names the key and
-lists the valid ones.
+ConfigDict. An unknown key is an error that names it, suggests the closest
+valid one and lists them all; a missing key, or a value of the wrong plain
+type (bool, int, float, str), is an error naming the key and value.
 """
 
 from collections.abc import Mapping
 import dataclasses
+import difflib
+import typing
 from typing import Any
 
 from maxtext.checkpoint.manager import CheckpointConfig
@@ -30,12 +33,23 @@ class TrainConfig:
     microbatches: Gradient accumulation: each update runs the batch in this
       many slices (inside one jitted step) and applies their summed
       gradients; divides `batch_size`.
+    skip_nonfinite: Skip (do not apply) an update whose loss or gradient
+      norm is NaN or infinite and go on; False stops the run naming the
+      step. Skips are counted in `train/skipped_steps`.
+    spike_zscore: Skip an update whose loss or gradient norm is more than
+      this many standard deviations above the mean of the last
+      `spike_window` applied updates; 0 is off.
+    spike_window: Applied updates the spike statistics are taken over (and
+      needed before spikes are looked for).
   """
 
   steps: int
   batch_size: int
   seed: int
   microbatches: int = 1
+  skip_nonfinite: bool = False
+  spike_zscore: float = 0.0
+  spike_window: int = 100
 
   def __post_init__(self):
     if self.steps < 1:
@@ -52,6 +66,13 @@ class TrainConfig:
       raise ValueError(
           f"train.microbatches={self.microbatches} must divide"
           f" train.batch_size={self.batch_size}.")
+    if self.spike_zscore < 0:
+      raise ValueError(
+          f"train.spike_zscore={self.spike_zscore!r} must be >= 0 (0 is"
+          " off).")
+    if self.spike_window < 1:
+      raise ValueError(
+          f"train.spike_window={self.spike_window!r} must be positive.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -99,12 +120,45 @@ SECTIONS = {
 }
 
 
+def _did_you_mean(unknown: list[str], valid: list[str], prefix: str) -> str:
+  """` (did you mean 'x'?)` for the unknown names close to a valid one."""
+  guesses = []
+  for name in unknown:
+    close = difflib.get_close_matches(name, valid, n=1)
+    if close:
+      guesses.append(f"'{prefix}{close[0]}'")
+  return f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+
+
+def _type_error(key: str, value: Any, expected: Any) -> str | None:
+  """Why `value` does not fit the plain type `expected`, or None if it does.
+
+  Only bool, int, float and str are checked (an int is a valid float); other
+  annotations are left to the section's own validation.
+  """
+  if expected is bool:
+    ok = isinstance(value, bool)
+  elif expected is int:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+  elif expected is float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  elif expected is str:
+    ok = isinstance(value, str)
+  else:
+    return None
+  if ok:
+    return None
+  return (f"{key}={value!r} is a {type(value).__name__}; it must be a"
+          f" {expected.__name__}.")
+
+
 def build_section(name: str, cls: type[Any], values: Mapping[str, Any]) -> Any:
-  """`cls(**values)`, naming unknown or missing keys of section `name`.
+  """`cls(**values)`, naming unknown, missing or mistyped keys of `name`.
 
   Raises:
-    ValueError: a key is unknown or missing; the message names it and lists
-      the valid keys.
+    ValueError: a key is unknown (the message suggests the closest valid one
+      and lists them all), missing, or of the wrong type (names the key, the
+      value and the type it must have).
   """
   if hasattr(values, "to_dict"):
     values = values.to_dict()
@@ -113,7 +167,8 @@ def build_section(name: str, cls: type[Any], values: Mapping[str, Any]) -> Any:
   if unknown:
     keys = ", ".join(f"'{name}.{key}'" for key in unknown)
     raise ValueError(
-        f"Unknown config key {keys}; valid keys of '{name}': {fields}.")
+        f"Unknown config key {keys}{_did_you_mean(unknown, fields, name + '.')}"
+        f"; valid keys of '{name}': {fields}.")
   required = [f.name for f in dataclasses.fields(cls)
               if f.default is dataclasses.MISSING and
               f.default_factory is dataclasses.MISSING]
@@ -121,6 +176,11 @@ def build_section(name: str, cls: type[Any], values: Mapping[str, Any]) -> Any:
   if missing:
     keys = ", ".join(f"'{name}.{key}'" for key in missing)
     raise ValueError(f"Missing config key {keys}; set it in the config file.")
+  hints = typing.get_type_hints(cls)
+  for key, value in values.items():
+    error = _type_error(f"{name}.{key}", value, hints.get(key))
+    if error:
+      raise ValueError(error)
   return cls(**values)
 
 
@@ -150,7 +210,8 @@ class ExperimentConfig:
     unknown = sorted(set(config) - set(SECTIONS))
     if unknown:
       raise ValueError(
-          f"Unknown config section(s) {unknown}; valid sections:"
+          f"Unknown config section(s) {unknown}"
+          f"{_did_you_mean(unknown, list(SECTIONS), '')}; valid sections:"
           f" {list(SECTIONS)}.")
     missing = [name for name in SECTIONS if name not in config]
     if missing:

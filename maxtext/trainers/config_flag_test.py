@@ -49,5 +49,12 @@ class ConfigFlagTest(absltest.TestCase):
       self._parse("--config.optimizr.learning_rate=1e-3")
 
 
+  def test_wrong_type_is_a_one_line_flag_error(self):
+    with self.assertRaisesRegex(
+        flags.IllegalFlagValueError,
+        r"^flag --config\.train\.steps=ten: .*'ten'$"):
+      self._parse("--config.train.steps=ten")
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -26,10 +26,54 @@ class ExperimentConfigTest(absltest.TestCase):
         r" 'optimizer': \[.*'learning_rate'"):
       config_lib.ExperimentConfig.from_config_dict(config)
 
+  def test_misspelt_key_gets_a_suggestion(self):
+    config = gemma3.get_config()
+    config.unlock()
+    config.optimizer.learnin_rate = 1e-3
+    with self.assertRaisesRegex(
+        ValueError, r"^Unknown config key 'optimizer.learnin_rate' \(did you"
+        r" mean 'optimizer.learning_rate'\?\); valid keys of 'optimizer'"):
+      config_lib.ExperimentConfig.from_config_dict(config)
+    config = gemma3.get_config().to_dict()
+    config["optimiser"] = config.pop("optimizer")
+    with self.assertRaisesRegex(ValueError, r"\['optimiser'\] \(did you"
+                                r" mean 'optimizer'\?\)"):
+      config_lib.ExperimentConfig.from_config_dict(config)
+
+  def test_wrong_type_names_key_value_and_type(self):
+    for section, key, value, expected in (
+        ("train", "steps", "10", "int"), ("train", "steps", 10.0, "int"),
+        ("train", "skip_nonfinite", 1, "bool"),
+        ("optimizer", "learning_rate", "3e-4", "float"),
+        ("checkpoint", "async_save", "yes", "bool"),
+        ("checkpoint", "local_dir", 3, "str")):
+      config = gemma3.get_config().to_dict()
+      config[section][key] = value
+      with self.assertRaisesRegex(
+          ValueError, rf"^{section}.{key}={value!r} is a"
+          rf" {type(value).__name__}; it must be a {expected}\.$"):
+        config_lib.ExperimentConfig.from_config_dict(config)
+    config = gemma3.get_config().to_dict()
+    config["optimizer"]["learning_rate"] = 1  # An int is a valid float.
+    config_lib.ExperimentConfig.from_config_dict(config)
+
+  def test_bad_update_options(self):
+    config = gemma3.get_config()
+    self.assertFalse(config_lib.ExperimentConfig.from_config_dict(
+        config).train.skip_nonfinite)
+    config.train.spike_zscore = -1.0
+    with self.assertRaisesRegex(ValueError, "train.spike_zscore=-1.0"):
+      config_lib.ExperimentConfig.from_config_dict(config)
+    config = gemma3.get_config()
+    config.train.spike_window = 0
+    with self.assertRaisesRegex(ValueError, "train.spike_window=0"):
+      config_lib.ExperimentConfig.from_config_dict(config)
+
   def test_unknown_model_key(self):
     config = gemma3.get_config()
-    config.model.num_experts = 8
-    with self.assertRaisesRegex(ValueError, "'model.num_experts'.*vocab_size"):
+    config.model.num_routed_experts = 8
+    with self.assertRaisesRegex(ValueError,
+                                "'model.num_routed_experts'.*vocab_size"):
       config_lib.ExperimentConfig.from_config_dict(config)
 
   def test_unknown_and_missing_sections(self):

@@ -7,7 +7,8 @@ needs the state of update `s` to be known good (a checkpoint) makes the loop
 fetch that update's metrics first (`Hook.needs_metrics_before`).
 
 A non-finite loss or gradient norm stops the run with `NonFiniteError`
-naming the update. Steps are counted from 1: "step s" is the s-th update, and
+naming the update, unless the train step skipped that update
+(`SKIPPED_METRIC`). Steps are counted from 1: "step s" is the s-th update, and
 the state after it has `state.step == s`.
 
 A hook may ask to stop early (`Hook.should_stop`); the loop then ends as if
@@ -27,6 +28,9 @@ class NonFiniteError(FloatingPointError):
 
 # Metrics checked for NaN/Inf after every update.
 CHECKED_METRICS = ("train/loss", "grads/global_norm")
+# 1 when the train step skipped the update (`maxtext.optim.update_guard`):
+# its non-finite values did not reach the parameters, so the run goes on.
+SKIPPED_METRIC = "train/skipped"
 
 
 class Hook:
@@ -71,12 +75,14 @@ class Hook:
 def _publish(step: int, device_metrics: Mapping[str, jax.Array],
              hooks: Sequence[Hook]) -> None:
   metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-  for key in CHECKED_METRICS:
-    value = metrics.get(key)
-    if value is not None and not math.isfinite(value):
-      raise NonFiniteError(
-          f"{key} is {value} at step {step}; stopping the run. Lower"
-          " optimizer.learning_rate or check the data of this step.")
+  if not metrics.get(SKIPPED_METRIC):
+    for key in CHECKED_METRICS:
+      value = metrics.get(key)
+      if value is not None and not math.isfinite(value):
+        raise NonFiniteError(
+            f"{key} is {value} at step {step}; stopping the run. Lower"
+            " optimizer.learning_rate, check the data of this step, or set"
+            " train.skip_nonfinite=True to skip such updates.")
   for hook in hooks:
     hook.on_metrics(step, metrics)
 

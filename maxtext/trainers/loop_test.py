@@ -1,6 +1,7 @@
 """Tests for maxtext.trainers.loop with a scripted step function."""
 
 import itertools
+import math
 
 from absl.testing import absltest
 import jax.numpy as jnp
@@ -100,6 +101,23 @@ class LoopTest(absltest.TestCase):
                                 "grads/global_norm is inf at step 1"):
       loop.run_loop(0, step_fn, itertools.repeat(None), start_step=0,
                     total_steps=3)
+
+  def test_skipped_non_finite_update_does_not_stop_the_run(self):
+    def step_fn(state, batch):
+      del batch
+      bad = state + 1 == 2  # Update 2 had a NaN loss and was skipped.
+      return state + 1, {
+          "train/loss": jnp.asarray(float("nan") if bad else 1.0),
+          "grads/global_norm": jnp.asarray(float("inf") if bad else 1.0),
+          loop.SKIPPED_METRIC: jnp.asarray(1.0 if bad else 0.0)}
+
+    hook = Recorder()
+    _, step = loop.run_loop(0, step_fn, itertools.repeat(None), start_step=0,
+                            total_steps=3, hooks=[hook])
+    self.assertEqual(step, 3)
+    metrics = [event for event in hook.events if event[0] == "metrics"]
+    self.assertEqual([m[1] for m in metrics], [1, 2, 3])
+    self.assertTrue(math.isnan(metrics[1][2]))
 
   def test_resume_and_early_stop(self):
     hook = Recorder(stop_at=4)

@@ -5,7 +5,8 @@ Layout of a workdir:
   config_step<N>.json  a changed config of a run resumed at update N
   metrics.jsonl      one line of metrics per logged update
   tensorboard/       TensorBoard event files
-  checkpoints/<N>/   Orbax checkpoints after N updates
+  checkpoints/<N>/   Orbax checkpoints after N updates (the persistent tier)
+  <checkpoint.local_dir>/<N>/  the local tier, when configured
   profile/           jax.profiler traces
 """
 
@@ -29,6 +30,31 @@ def user_path(path: str) -> str:
     return path
   base = os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
   return os.path.normpath(os.path.join(base, path))
+
+
+def output_path(workdir: str, path: str, *, key: str) -> str:
+  """Where the config value `key` = `path` makes the run write: in `workdir`.
+
+  A config file may come from elsewhere; the folders it names for writing are
+  therefore relative to the workdir and must stay inside it. The check is on
+  the path as written (`..` resolved, symlinks not followed), so a symlink
+  that whoever runs the job put in the workdir may lead elsewhere (e.g. to a
+  RAM disk).
+
+  Raises:
+    ValueError: `path` is empty, absolute, or leaves the workdir; the message
+      names the key, the value and the workdir.
+  """
+  workdir = os.path.normpath(os.path.abspath(workdir))
+  resolved = os.path.normpath(os.path.join(workdir, path))
+  if (not path or os.path.isabs(path) or path.startswith("~") or
+      os.path.commonpath([workdir, resolved]) != workdir or
+      resolved == workdir):
+    raise ValueError(
+        f"{key}={path!r} must name a folder inside the workdir {workdir}"
+        " (relative, without leaving it); to write elsewhere, make a"
+        " symlink inside the workdir and name that.")
+  return resolved
 
 
 def config_file_path(path: str) -> str:
@@ -69,6 +95,13 @@ def default_workdir(config_path: str) -> str:
   if arg:
     name += "_" + "".join(c if c.isalnum() or c in "-." else "_" for c in arg)
   return user_path(os.path.join("runs", name))
+
+
+def resolve_workdir(workdir_flag: str | None, config_path: str) -> str:
+  """A binary's --workdir (relative to the directory the user ran from), or
+  `default_workdir(config_path)` when it is not given."""
+  return (user_path(workdir_flag) if workdir_flag else
+          default_workdir(config_path))
 
 
 def write_config(workdir: str, config: dict[str, Any], *, step: int) -> str:

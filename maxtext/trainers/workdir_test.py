@@ -26,6 +26,10 @@ class PathsTest(absltest.TestCase):
                        "/home/me/runs/gemma3_1b")
       self.assertEqual(workdir.default_workdir("/x/llama3.py:3.1-8b"),
                        "/home/me/runs/llama3_3.1-8b")
+      self.assertEqual(workdir.resolve_workdir(None, "configs/gemma3.py"),
+                       "/home/me/runs/gemma3")
+      self.assertEqual(workdir.resolve_workdir("out", "configs/gemma3.py"),
+                       "/home/me/out")
 
   def test_config_file_resolution(self):
     user_dir = self.create_tempdir()
@@ -52,6 +56,33 @@ class PathsTest(absltest.TestCase):
             ["train", "--config", mine])
       finally:
         os.chdir(cwd)
+
+
+class OutputPathTest(absltest.TestCase):
+
+  def test_relative_paths_stay_inside_the_workdir(self):
+    root = self.create_tempdir().full_path
+    self.assertEqual(workdir.output_path(root, "local", key="k"),
+                     os.path.join(root, "local"))
+    self.assertEqual(workdir.output_path(root, "a/../b/./c", key="k"),
+                     os.path.join(root, "b", "c"))
+
+  def test_escaping_paths_are_refused_naming_key_value_and_workdir(self):
+    root = self.create_tempdir().full_path
+    for path in ("/etc/cron.d", "../sibling", "a/../../x", "~/x", ".", ""):
+      with self.assertRaisesRegex(
+          ValueError, rf"^checkpoint.local_dir={path!r} must name a folder"
+          rf" inside the workdir {root} "):
+        workdir.output_path(root, path, key="checkpoint.local_dir")
+
+  def test_a_symlink_made_in_the_workdir_may_lead_elsewhere(self):
+    root = self.create_tempdir().full_path
+    ram_disk = self.create_tempdir().full_path
+    os.symlink(ram_disk, os.path.join(root, "fast"))
+    path = workdir.output_path(root, "fast/ckpt", key="k")
+    self.assertEqual(path, os.path.join(root, "fast", "ckpt"))
+    os.makedirs(path)
+    self.assertTrue(os.path.isdir(os.path.join(ram_disk, "ckpt")))
 
 
 class WriteConfigTest(absltest.TestCase):
