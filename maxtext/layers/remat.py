@@ -3,7 +3,8 @@
 A policy decides which activations of a decoder block the backward pass keeps
 from the forward pass and which it recomputes. Named activations are tagged
 with `jax.ad_checkpoint.checkpoint_name` in the layers (see
-`maxtext.layers.attention` and `maxtext.layers.mlp`).
+`maxtext.layers.attention` and `maxtext.layers.mlp`; the names are
+`model_config.REMAT_NAMES`).
 
   none                 no remat: every activation is kept (fastest, most
                        memory).
@@ -15,9 +16,20 @@ with `jax.ad_checkpoint.checkpoint_name` in the layers (see
   save_qkv_proj        keep the query/key/value projections only.
   save_out_proj        keep the attention output projection only.
   nothing_saveable     keep nothing (same memory as `full`).
+  custom               per name: "keep" (in device memory), "offload" (saved
+                       in host memory, "pinned_host", and brought back for
+                       the backward pass) or "recompute" (the default), from
+                       `ModelConfig.remat_custom`. Offloading needs a backend
+                       whose devices have pinned host memory (TPU, GPU; CPU
+                       too with jax 0.10); otherwise an error names the
+                       backend.
+
+`compiled_memory` reports the memory XLA plans for a jitted function, to
+compare policies (`temp_bytes` is what remat trades against recomputation).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 
@@ -36,17 +48,64 @@ _POLICIES: dict[str, Callable | None] = {
 }
 
 
-def remat(fn: Callable, policy_name: str, *, prevent_cse: bool = True
-          ) -> Callable:
+def custom_policy(actions: Sequence[tuple[str, str]]) -> Callable:
+  """The policy of (activation name, "keep"|"offload"|"recompute") pairs.
+
+  Raises:
+    ValueError: an activation is offloaded but the default backend's devices
+      have no "pinned_host" memory (the message names the backend).
+  """
+  keep = [name for name, action in actions if action == "keep"]
+  offload = [name for name, action in actions if action == "offload"]
+  if offload:
+    device = jax.devices()[0]
+    kinds = [m.kind for m in device.addressable_memories()]
+    if "pinned_host" not in kinds:
+      raise ValueError(
+          f"remat_custom offloads {offload}, which needs \"pinned_host\""
+          f" memory; {device.platform} devices have {kinds}. Use \"keep\" or"
+          " \"recompute\" on this backend.")
+  return jax.checkpoint_policies.save_and_offload_only_these_names(
+      names_which_can_be_saved=keep, names_which_can_be_offloaded=offload,
+      offload_src="device", offload_dst="pinned_host")
+
+
+def remat(fn: Callable, policy_name: str, *, prevent_cse: bool = True,
+          custom: Sequence[tuple[str, str]] = ()) -> Callable:
   """`fn` under `jax.checkpoint` with the named policy (`none`: `fn`).
+
+  Args:
+    fn: The function to rematerialise.
+    policy_name: One of `model_config.REMAT_POLICIES`.
+    prevent_cse: Passed to `jax.checkpoint` (False inside a scan).
+    custom: (name, action) pairs of the "custom" policy.
 
   Raises:
     ValueError: unknown policy; the message lists the valid ones.
   """
   if policy_name == "none":
     return fn
-  if policy_name not in _POLICIES:
+  if policy_name == "custom":
+    policy = custom_policy(custom)
+  elif policy_name in _POLICIES:
+    policy = _POLICIES[policy_name]
+  else:
     raise ValueError(f"Unknown remat policy {policy_name!r}; valid policies:"
                      f" {list(model_config.REMAT_POLICIES)}.")
-  return jax.checkpoint(fn, policy=_POLICIES[policy_name],
-                        prevent_cse=prevent_cse)
+  return jax.checkpoint(fn, policy=policy, prevent_cse=prevent_cse)
+
+
+def compiled_memory(fn: Callable, *args: Any) -> dict[str, int]:
+  """Bytes XLA plans for `jax.jit(fn)(*args)`, per kind.
+
+  Returns:
+    `argument_bytes`, `output_bytes`, `alias_bytes`, `temp_bytes` (scratch
+    and live intermediates: what remat reduces) and `host_temp_bytes`
+    (offloaded activations), from `compiled.memory_analysis()`.
+  """
+  stats = jax.jit(fn).lower(*args).compile().memory_analysis()
+  return {"argument_bytes": stats.argument_size_in_bytes,
+          "output_bytes": stats.output_size_in_bytes,
+          "alias_bytes": stats.alias_size_in_bytes,
+          "temp_bytes": stats.temp_size_in_bytes,
+          "host_temp_bytes": stats.host_temp_size_in_bytes}

@@ -8,7 +8,8 @@ Mesh axes, outermost first (`AXES`):
   tensor          tensor parallel: heads, MLP and vocab split,
   expert          expert parallel (no MoE layer yet: the default rules use it
                   as one more batch axis),
-  stage           pipeline stages (not implemented: a size > 1 is an error).
+  stage           pipeline stages (`maxtext.layers.pipeline`); its size must
+                  equal `model.pipeline_stages`.
 
 Each axis has an ICI size (devices within a slice) and a DCN size (slices);
 the mesh axis is their product, DCN outermost. `-1` means "the rest", at most
@@ -35,10 +36,6 @@ import numpy as np
 
 AXES = ("data", "fsdp", "fsdp_transpose", "sequence", "tensor", "expert",
         "stage")
-# Axes not implemented yet: a size > 1 is an error naming the axis.
-UNSUPPORTED_AXES = {
-    "stage": "pipeline parallelism is not implemented yet",
-}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -116,12 +113,6 @@ class MeshConfig:
               " devices or -1 (the rest).")
       if sizes.sizes().count(-1) > 1:
         raise ValueError(f"At most one mesh.{kind} axis may be -1.")
-    for name, why in UNSUPPORTED_AXES.items():
-      for kind in ("ici", "dcn"):
-        if getattr(getattr(self, kind), name) not in (1, -1):
-          raise ValueError(
-              f"mesh.{kind}.{name}={getattr(getattr(self, kind), name)}:"
-              f" {why}; the '{name}' mesh axis must have size 1.")
 
   def shapes(self, num_devices: int,
              num_slices: int = 1) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -129,20 +120,13 @@ class MeshConfig:
 
     Raises:
       ValueError: the sizes do not fit the devices (the message shows the
-        product, the device count and a valid setting), or a -1 resolved to a
-        size > 1 on an unsupported axis.
+        product, the device count and a valid setting).
     """
     if num_devices % num_slices:
       raise ValueError(f"{num_devices} devices do not split into"
                        f" {num_slices} equal slices.")
     dcn = _resolve("dcn", self.dcn.sizes(), num_slices)
     ici = _resolve("ici", self.ici.sizes(), num_devices // num_slices)
-    for name in UNSUPPORTED_AXES:
-      index = AXES.index(name)
-      if ici[index] * dcn[index] > 1:
-        raise ValueError(
-            f"mesh axis '{name}' resolved to {ici[index] * dcn[index]}:"
-            f" {UNSUPPORTED_AXES[name]}; give another axis the -1.")
     return ici, dcn
 
   def shape(self, num_devices: int, num_slices: int = 1) -> tuple[int, ...]:

@@ -45,11 +45,13 @@ class MeshTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "'mesh.ici.model'"):
       mesh.MeshConfig(ici={"model": 2})
 
-  def test_pipeline_axis_is_not_implemented(self):
-    with self.assertRaisesRegex(ValueError, "mesh.ici.stage=2: pipeline"):
-      _ici(data=-1, stage=2)
-    with self.assertRaisesRegex(ValueError, "mesh axis 'stage' resolved to 8"):
-      _ici(data=1, stage=-1).shape(8)
+  def test_stage_axis_is_the_innermost_axis(self):
+    self.assertEqual(_ici(data=-1, stage=2).shape(8), (4, 1, 1, 1, 1, 1, 2))
+    devices = mesh.device_array(_ici(data=2, fsdp=2, stage=2),
+                                list(range(8)))
+    # Stage is the last axis: neighbouring devices are neighbouring stages.
+    np.testing.assert_array_equal(devices[..., 0].ravel(), [0, 2, 4, 6])
+    np.testing.assert_array_equal(devices[..., 1].ravel(), [1, 3, 5, 7])
 
   def test_multi_slice_needs_slice_index(self):
     config = mesh.MeshConfig(ici=mesh.AxisSizes(fsdp=-1, data=1),

@@ -10,6 +10,13 @@ by an earlier dimension of the same array and the product of their sizes
 divides the dimension; a name without a fitting rule is replicated. Mesh axes
 of size 1 are dropped from the resulting `PartitionSpec`.
 
+The optimizer state mirrors the parameters' layout, with two options:
+`zero1` also splits it over the `data` axis (ZeRO stage 1: parameters stay
+replicated over `data`, each data-parallel replica keeps and updates only its
+slice of the moments, and the updates are all-gathered), and
+`offload_optimizer_state` keeps it in host memory ("pinned_host") between
+steps, on backends whose devices have such memory.
+
 `ShardingConfig` is the `sharding` config section; `LogicalRules` binds a
 rule table to a mesh and is hashable, so it can be a static field of a jitted
 train state.
@@ -72,14 +79,23 @@ class ShardingConfig:
   Attributes:
     param_rules: Parameter layout: (logical name, mesh axes) pairs.
     compute_rules: Activation layout: (logical name, mesh axes) pairs.
+    zero1: Also split the optimizer state over the `data` mesh axis.
+    offload_optimizer_state: Keep the optimizer state in host memory
+      between steps.
   """
 
   param_rules: Any
   compute_rules: Any
+  zero1: bool = False
+  offload_optimizer_state: bool = False
 
   def __post_init__(self):
     for name in ("param_rules", "compute_rules"):
       object.__setattr__(self, name, normalize_rules(name, getattr(self, name)))
+    for name in ("zero1", "offload_optimizer_state"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"sharding.{name}={getattr(self, name)!r} must be"
+                         " True or False.")
 
 
 def logical_to_mesh(names: Sequence[str | None], shape: Sequence[int],
@@ -109,17 +125,57 @@ def logical_to_mesh(names: Sequence[str | None], shape: Sequence[int],
   return PartitionSpec(*spec)
 
 
+def add_mesh_axis(spec: PartitionSpec, shape: Sequence[int], axis: str,
+                  mesh_shape: dict[str, int]) -> PartitionSpec:
+  """`spec` with `axis` added to the first dimension it still divides.
+
+  Unchanged when `axis` has size 1, is already used, or divides no
+  dimension after the axes already there.
+  """
+  size = mesh_shape[axis]
+  entries = list(spec) + [None] * (len(shape) - len(spec))
+  entries = [() if e is None else (e,) if isinstance(e, str) else tuple(e)
+             for e in entries]
+  if size == 1 or any(axis in e for e in entries):
+    return spec
+  for i, (dim, entry) in enumerate(zip(shape, entries)):
+    if dim % (math.prod(mesh_shape[a] for a in entry) * size) == 0:
+      entries[i] = (axis, *entry)
+      return PartitionSpec(*[None if not e else e[0] if len(e) == 1 else e
+                             for e in entries])
+  return spec
+
+
 @dataclasses.dataclass(frozen=True)
 class LogicalRules:
-  """A mesh with its parameter and compute rule tables."""
+  """A mesh with its parameter and compute rule tables.
+
+  Raises:
+    ValueError: `offload_optimizer_state` on a backend whose devices have no
+      "pinned_host" memory (the message names the backend).
+  """
 
   mesh: Mesh
   param_rules: Rules
   compute_rules: Rules
+  zero1: bool = False
+  offload_optimizer_state: bool = False
+
+  def __post_init__(self):
+    if self.offload_optimizer_state:
+      device = self.mesh.devices.flat[0]
+      kinds = [m.kind for m in device.addressable_memories()]
+      if "pinned_host" not in kinds:
+        raise ValueError(
+            "sharding.offload_optimizer_state=True needs \"pinned_host\""
+            f" memory; {device.platform} devices have {kinds}. Set it to"
+            " False on this backend.")
 
   @classmethod
   def from_config(cls, mesh: Mesh, config: ShardingConfig) -> "LogicalRules":
-    return cls(mesh, config.param_rules, config.compute_rules)
+    return cls(mesh, config.param_rules, config.compute_rules,
+               zero1=config.zero1,
+               offload_optimizer_state=config.offload_optimizer_state)
 
   def param_spec(self, names: Sequence[str | None],
                  shape: Sequence[int]) -> PartitionSpec:
@@ -133,6 +189,24 @@ class LogicalRules:
 
   def param_sharding(self, names, shape) -> NamedSharding:
     return NamedSharding(self.mesh, self.param_spec(names, shape))
+
+  def optimizer_sharding(self, names, shape, *,
+                         on_device: bool = False) -> NamedSharding:
+    """Sharding of an optimizer-state leaf shaped like parameter `names`.
+
+    Args:
+      names: The parameter's logical axis names.
+      shape: Its shape.
+      on_device: The layout while the update computes (device memory even
+        when the state is offloaded between steps).
+    """
+    spec = self.param_spec(names, shape)
+    if self.zero1:
+      spec = add_mesh_axis(spec, shape, "data", dict(self.mesh.shape))
+    memory_kind = None
+    if self.offload_optimizer_state:
+      memory_kind = "device" if on_device else "pinned_host"
+    return NamedSharding(self.mesh, spec, memory_kind=memory_kind)
 
   def compute_sharding(self, names, shape) -> NamedSharding:
     return NamedSharding(self.mesh, self.compute_spec(names, shape))

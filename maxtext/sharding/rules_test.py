@@ -3,6 +3,7 @@
 from absl.testing import absltest
 import jax
 from jax.sharding import PartitionSpec as P
+import numpy as np
 
 from configs import common
 from maxtext.sharding import mesh as mesh_lib
@@ -51,6 +52,40 @@ class RulesTest(absltest.TestCase):
         mesh, rules_lib.ShardingConfig(**common.sharding_defaults()))
     self.assertEqual(rules.batch_sharding((4, 8)).spec, P(None, None))
     self.assertEqual(rules.batch_shards(), 1)
+
+  def test_zero1_adds_data_to_the_first_dimension_it_divides(self):
+    mesh_shape = dict(_MESH, data=4)
+    self.assertEqual(
+        rules_lib.add_mesh_axis(P(None, "fsdp"), (64, 16), "data",
+                                mesh_shape), P("data", "fsdp"))
+    # 6 rows do not split 4 ways; 16 / (fsdp=2 * data=4) does.
+    self.assertEqual(
+        rules_lib.add_mesh_axis(P(None, "fsdp"), (6, 16), "data",
+                                mesh_shape), P(None, ("data", "fsdp")))
+    self.assertEqual(
+        rules_lib.add_mesh_axis(P(), (6,), "data", mesh_shape), P())
+    self.assertEqual(
+        rules_lib.add_mesh_axis(P(None), (8,), "data", _MESH), P(None))
+
+  def test_offload_names_a_backend_without_pinned_host_memory(self):
+
+    class _Device:
+      platform = "fakeplatform"
+
+      def addressable_memories(self):
+        return []
+
+    class _Mesh:
+      devices = np.array([_Device()])
+
+    with self.assertRaisesRegex(
+        ValueError, r'offload_optimizer_state=True needs "pinned_host"'
+        r" memory; fakeplatform devices have \[\]"):
+      rules_lib.LogicalRules(_Mesh(), (), (), offload_optimizer_state=True)
+
+  def test_layout_options_must_be_booleans(self):
+    with self.assertRaisesRegex(ValueError, "sharding.zero1=1 must be True"):
+      rules_lib.ShardingConfig(**{**common.sharding_defaults(), "zero1": 1})
 
 
 if __name__ == "__main__":

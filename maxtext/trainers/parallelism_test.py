@@ -1,16 +1,22 @@
-"""Sharded == single-device: FSDP, tensor, sequence (and expert-as-batch).
+"""Sharded == single-device: FSDP, tensor, sequence, expert-as-batch, pipeline.
 
 Runs on 8 fake CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8,
 set by the Bazel target). For each mesh, a tiny Gemma 3 built with the default
 rule tables gives the same loss and gradients as on one device (fp32), and
 one train step gives the same parameters. Also: gradient accumulation over
-microbatches equals the large-batch step.
+microbatches equals the large-batch step, a 4-layer model run as a 2-stage
+pipeline equals the same model without a pipeline on one device, and ZeRO-1
+and optimizer-state offloading give the same step with the optimizer state
+laid out as asked.
 """
+
+import functools
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from configs import common
@@ -26,25 +32,28 @@ _RTOL = 1e-4
 _ATOL = 1e-5
 
 
-def _model_config() -> ModelConfig:
+def _model_config(**overrides) -> ModelConfig:
   values = gemma3.get_config().model.to_dict()
   values.update(vocab_size=64, num_layers=2, embed_dim=16, mlp_dim=32,
                 num_heads=4, num_kv_heads=2, head_dim=8,
                 query_pre_attn_scalar=8.0, sliding_window=4,
                 global_layer_interval=2)
+  values.update(overrides)
   return ModelConfig(**values)
 
 
-def _state(ici: dict[str, int], devices, microbatches: int = 1):
+def _state(ici: dict[str, int], devices, microbatches: int = 1,
+           model_config: ModelConfig | None = None, **sharding_options):
   opt_values = gemma3.get_config().optimizer.to_dict()
   opt_values.update(learning_rate=1e-2, warmup_steps=1, z_loss=1e-3)
   opt_config = optimizer.OptimizerConfig(**opt_values)
   mesh = mesh_lib.make_mesh(
       mesh_lib.MeshConfig(ici=mesh_lib.AxisSizes(**ici)), devices)
   rules = rules_lib.LogicalRules.from_config(
-      mesh, rules_lib.ShardingConfig(**common.sharding_defaults()))
+      mesh, rules_lib.ShardingConfig(**{**common.sharding_defaults(),
+                                        **sharding_options}))
   return train_state_lib.create_train_state(
-      _model_config(), seed=0,
+      model_config or _model_config(), seed=0,
       tx=optimizer.make_optimizer(opt_config, total_steps=10),
       schedule=optimizer.learning_rate_schedule(opt_config, total_steps=10),
       z_loss=opt_config.z_loss, mesh=mesh, rules=rules,
@@ -64,11 +73,34 @@ def _batch(state, rows=8, length=8):
 
 
 @jax.jit
-def _loss_grads_and_update(state, batch):
-  """(loss, gradients, parameters after one train step), one compile."""
+def _loss_grads_and_step(state, batch):
+  """(loss, gradients, state after one train step), one compile."""
   loss, _, grads = train_step_lib.loss_and_grads(state, batch)
   new_state, _ = train_step_lib.train_step(state, batch)
+  return loss, grads, new_state
+
+
+def _loss_grads_and_update(state, batch):
+  """(loss, gradients, parameters after one train step)."""
+  loss, grads, new_state = _loss_grads_and_step(state, batch)
   return loss, grads, new_state.params
+
+
+@functools.cache
+def _single_device_pipeline_reference():
+  """(loss, grads, new params) of the 4-layer model without a pipeline."""
+  state = _state({"data": -1}, jax.devices()[:1],
+                 model_config=_model_config(num_layers=4))
+  return _loss_grads_and_update(state, _batch(state))
+
+
+def _sharded_axes(params) -> list[str]:
+  """Every mesh axis that splits some parameter."""
+  specs = jax.tree.leaves(jax.tree.map(lambda x: x.sharding.spec, params),
+                          is_leaf=lambda x: isinstance(
+                              x, jax.sharding.PartitionSpec))
+  return [axis for spec in specs for dim in spec if dim is not None
+          for axis in ((dim,) if isinstance(dim, str) else dim)]
 
 
 def _assert_trees_close(test, got, want):
@@ -108,13 +140,7 @@ class ParallelismTest(parameterized.TestCase):
     batch = _batch(state)
     # The parameters really are split over the axis under test (expert and
     # sequence shard the embed dim together with fsdp).
-    specs = jax.tree.leaves(jax.tree.map(lambda x: x.sharding.spec,
-                                         state.params),
-                            is_leaf=lambda x: isinstance(
-                                x, jax.sharding.PartitionSpec))
-    flat = [axis for spec in specs for dim in spec if dim is not None
-            for axis in ((dim,) if isinstance(dim, str) else dim)]
-    self.assertIn(sharded_axis, flat)
+    self.assertIn(sharded_axis, _sharded_axes(state.params))
     loss, grads, new_params = _loss_grads_and_update(state, batch)
     np.testing.assert_allclose(float(loss), float(self.single_loss),
                                rtol=_RTOL)
@@ -124,6 +150,36 @@ class ParallelismTest(parameterized.TestCase):
     jax.tree.map(lambda a, b: self.assertTrue(
         a.sharding.is_equivalent_to(b.sharding, a.ndim),
         f"{a.sharding} != {b.sharding}"), new_params, state.params)
+
+  @parameterized.named_parameters(
+      ("stage", {"data": 4, "stage": 2}, 0),
+      ("data_fsdp_stage", {"data": 2, "fsdp": 2, "stage": 2}, 4),
+      ("fsdp_tensor_stage", {"data": 1, "fsdp": 2, "tensor": 2, "stage": 2},
+       2),
+  )
+  def test_pipeline_equals_single_device(self, ici, pipeline_microbatches):
+    want_loss, want_grads, want_params = _single_device_pipeline_reference()
+    state = _state(ici, jax.devices(), model_config=_model_config(
+        num_layers=4, pipeline_stages=2,
+        pipeline_microbatches=pipeline_microbatches))
+    # Each stage's devices hold only its two layers.
+    kernel = state.params["blocks"]["mlp"]["up"]["kernel"]
+    self.assertEqual(kernel.sharding.spec[0], "stage")
+    self.assertEqual(kernel.addressable_shards[0].data.shape[0], 2)
+    loss, grads, new_params = _loss_grads_and_update(state, _batch(state))
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=_RTOL)
+    _assert_trees_close(self, grads, want_grads)
+    _assert_trees_close(self, new_params, want_params)
+    jax.tree.map(lambda a, b: self.assertTrue(
+        a.sharding.is_equivalent_to(b.sharding, a.ndim),
+        f"{a.sharding} != {b.sharding}"), new_params, state.params)
+
+  def test_pipeline_stages_must_match_the_mesh(self):
+    with self.assertRaisesRegex(
+        ValueError, r"model.pipeline_stages=1 must equal the size of the"
+        r" 'stage' mesh axis, 2"):
+      _state({"data": 4, "stage": 2}, jax.devices(),
+             model_config=_model_config(num_layers=4))
 
   def test_microbatches_equal_one_large_batch(self):
     for microbatches in (2, 4):
@@ -148,6 +204,51 @@ class ParallelismTest(parameterized.TestCase):
                      jax.sharding.PartitionSpec(None, "fsdp"))
     self.assertEqual(embedding.addressable_shards[0].data.shape,
                      (64, 16 // 8))
+
+  def _moments(self, state):
+    """Adam's mu and nu of the embedding (64, 16)."""
+    moments = [x for x in jax.tree.leaves(state.opt_state)
+               if x.shape == (64, 16)]
+    self.assertLen(moments, 2)
+    return moments
+
+  @parameterized.named_parameters(
+      ("zero1", {"data": 8}, dict(zero1=True),
+       P("data", None), None),
+      ("zero1_fsdp", {"data": 4, "fsdp": 2}, dict(zero1=True),
+       P("data", "fsdp"), None),
+      ("offload", {"data": 2, "fsdp": 4}, dict(offload_optimizer_state=True),
+       P(None, "fsdp"), "pinned_host"),
+      ("zero1_offload", {"data": 2, "fsdp": 4},
+       dict(zero1=True, offload_optimizer_state=True),
+       P("data", "fsdp"), "pinned_host"),
+  )
+  def test_optimizer_state_layout_options(self, ici, options, moment_spec,
+                                          memory_kind):
+    state = _state(ici, jax.devices(), **options)
+    embedding = state.params["embedder"]["embedding"]
+    # Parameters keep the default layout: replicated over data.
+    self.assertNotIn("data", _sharded_axes(state.params))
+    loss, grads, new_state = _loss_grads_and_step(state, _batch(state))
+    np.testing.assert_allclose(float(loss), float(self.single_loss),
+                               rtol=_RTOL)
+    _assert_trees_close(self, grads, self.single_grads)
+    _assert_trees_close(self, new_state.params, self.single_params)
+    # Same devices, spec and memory kind, before and after the step.
+    want = jax.sharding.NamedSharding(state.rules.mesh, moment_spec,
+                                      memory_kind=memory_kind)
+    for moments in (self._moments(state), self._moments(new_state)):
+      for moment in moments:
+        self.assertTrue(moment.sharding.is_equivalent_to(want, 2),
+                        f"{moment.sharding}")
+    # Each device holds 1/8 of a moment (ZeRO-1: data splits the rest).
+    if "zero1" in options:
+      self.assertEqual(
+          self._moments(new_state)[0].addressable_shards[0].data.size,
+          64 * 16 // 8)
+    new_embedding = new_state.params["embedder"]["embedding"]
+    self.assertTrue(new_embedding.sharding.is_equivalent_to(
+        embedding.sharding, 2), f"{new_embedding.sharding}")
 
 
 if __name__ == "__main__":

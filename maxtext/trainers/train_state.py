@@ -11,6 +11,12 @@ With sharding rules, every array is created already in its final layout: the
 initialiser runs under jit with `out_shardings` derived from the parameters'
 logical axis names and the parameter rules (the optimizer state mirrors the
 parameters), so no device or host ever holds a full unsharded copy.
+
+With `rules.zero1` (optimizer state also split over `data`) or
+`rules.offload_optimizer_state` (kept in host memory), the optimizer is
+wrapped so that each update moves the state into device memory in its
+layout, updates it there, constrains the updates to the parameters' layout
+and moves the state back; the train step itself is unchanged.
 """
 
 from typing import Any
@@ -77,33 +83,70 @@ def _split(model: nnx.Module):
   return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(model_state)
 
 
+def _names_or_none(names, leaf):
+  """`names`, or None for a parameter without logical names."""
+  return names if len(names) == leaf.ndim else None
+
+
 def state_shardings(abstract_tree: dict[str, Any], param_names: Any,
                     tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
-                    rules: rules_lib.LogicalRules | None) -> dict[str, Any]:
+                    rules: rules_lib.LogicalRules | None, *,
+                    opt_on_device: bool = False) -> dict[str, Any]:
   """Shardings of a `checkpoint_tree` (shapes in `abstract_tree`).
 
   Parameters follow `rules.param_rules` by their logical axis names
   (`param_names`, a tree of name tuples); the optimizer state's
-  parameter-shaped leaves follow their parameter; everything else is
-  replicated.
+  parameter-shaped leaves follow `rules.optimizer_sharding` (their
+  parameter's layout, split over `data` with ZeRO-1, in host memory when
+  offloaded unless `opt_on_device`); everything else is replicated.
   """
   replicated = mesh_lib.replicated(mesh)
   if rules is None:
     return jax.tree.map(lambda _: replicated, abstract_tree)
+  is_names = lambda x: isinstance(x, tuple)  # pylint: disable=g-long-lambda
 
   def param_sharding(names, leaf):
-    if len(names) != leaf.ndim:  # A parameter without logical names.
-      return replicated
-    return rules.param_sharding(names, leaf.shape)
+    names = _names_or_none(names, leaf)
+    return replicated if names is None else rules.param_sharding(
+        names, leaf.shape)
+
+  def optimizer_sharding(names, leaf):
+    names = _names_or_none(names, leaf) or (None,) * leaf.ndim
+    return rules.optimizer_sharding(names, leaf.shape,
+                                    on_device=opt_on_device)
 
   params = jax.tree.map(param_sharding, param_names, abstract_tree["params"],
-                        is_leaf=lambda x: isinstance(x, tuple))
+                        is_leaf=is_names)
+  param_like = jax.tree.map(optimizer_sharding, param_names,
+                            abstract_tree["params"], is_leaf=is_names)
   opt_state = optax.tree_map_params(
-      tx, lambda _, sharding: sharding, abstract_tree["opt_state"], params,
-      transform_non_params=lambda _: replicated)
+      tx, lambda _, sharding: sharding, abstract_tree["opt_state"],
+      param_like, transform_non_params=lambda _: replicated)
   return {"step": replicated, "params": params, "opt_state": opt_state,
           "model_state": jax.tree.map(lambda _: replicated,
                                       abstract_tree["model_state"])}
+
+
+def _placed_optimizer(tx: optax.GradientTransformation, param_shardings: Any,
+                      opt_shardings: Any, device_opt_shardings: Any
+                      ) -> optax.GradientTransformation:
+  """`tx` whose update runs on the optimizer state in its device layout.
+
+  The state is moved to `device_opt_shardings` (from host memory when
+  offloaded), updated, and moved back to `opt_shardings`; the updates are
+  constrained to `param_shardings` (with ZeRO-1: gathered over `data`).
+  """
+
+  inner = optax.with_extra_args_support(tx)
+
+  def update(updates, state, params=None, **extra_args):
+    updates, state = inner.update(
+        updates, jax.device_put(state, device_opt_shardings), params,
+        **extra_args)
+    return (jax.lax.with_sharding_constraint(updates, param_shardings),
+            jax.device_put(state, opt_shardings))
+
+  return optax.GradientTransformationExtraArgs(tx.init, update)
 
 
 def create_train_state(model_config: ModelConfig, *, seed: int,
@@ -130,7 +173,17 @@ def create_train_state(model_config: ModelConfig, *, seed: int,
 
   Returns:
     The state at step 0.
+
+  Raises:
+    ValueError: the mesh's `stage` axis differs from
+      `model_config.pipeline_stages`.
   """
+  if mesh.shape["stage"] != model_config.pipeline_stages:
+    raise ValueError(
+        f"model.pipeline_stages={model_config.pipeline_stages} must equal the"
+        f" size of the 'stage' mesh axis, {mesh.shape['stage']} (set"
+        " mesh.ici.stage / mesh.dcn.stage and model.pipeline_stages"
+        " together).")
   abstract_model = nnx.eval_shape(
       lambda: registry.create_model(model_config, rngs=nnx.Rngs(seed)))
   graphdef, abstract_params, _ = nnx.split(abstract_model, nnx.Param, ...)
@@ -144,6 +197,11 @@ def create_train_state(model_config: ModelConfig, *, seed: int,
 
   shapes = jax.eval_shape(init)
   shardings = state_shardings(shapes, param_names, tx, mesh, rules)
+  if rules is not None and (rules.zero1 or rules.offload_optimizer_state):
+    tx = _placed_optimizer(
+        tx, shardings["params"], shardings["opt_state"],
+        state_shardings(shapes, param_names, tx, mesh, rules,
+                        opt_on_device=True)["opt_state"])
   if abstract:
     tree = jax.tree.map(
         lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype,
