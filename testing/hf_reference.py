@@ -9,6 +9,7 @@ from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 import torch
+from transformers.core_model_loading import revert_weight_conversion
 
 from maxtext.common.model_config import ModelConfig
 from maxtext.models import hf_weights
@@ -36,8 +37,11 @@ def random_hf_model(model_class, hf_config, *, norm_mean: float,
 
 
 def state_dict(hf_model: torch.nn.Module) -> dict[str, np.ndarray]:
-  return {name: tensor.numpy() for name, tensor in
-          hf_model.state_dict().items()}
+  """The model's tensors as its checkpoints store them (`save_pretrained`):
+  transformers >= 5 fuses some in memory (e.g. the experts of MoE models)."""
+  tensors = revert_weight_conversion(hf_model, hf_model.state_dict())
+  return {name: tensor.contiguous().numpy()
+          for name, tensor in tensors.items()}
 
 
 def assert_round_trip(hf_model: torch.nn.Module, cfg: ModelConfig,

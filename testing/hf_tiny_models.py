@@ -1,4 +1,4 @@
-"""Test helper: tiny random Hugging Face models of every dense family.
+"""Test helper: tiny random Hugging Face models of every family.
 
 Float32 `transformers` models built from config objects, with sliding
 windows of 5 tokens where the family has one, so short generations already
@@ -39,6 +39,13 @@ FAMILIES = {
                 dict(tie_word_embeddings=True), 1.0),
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
               dict(head_dim=24), 1.0),
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
+                dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2),
+                1.0),
+    "qwen3_moe": (transformers.Qwen3MoeConfig,
+                  transformers.Qwen3MoeForCausalLM,
+                  dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, norm_topk_prob=True), 1.0),
 }
 
 

@@ -11,14 +11,17 @@ from configs import gemma3
 from configs import llama2
 from configs import llama3
 from configs import mistral
+from configs import mixtral
 from configs import qwen2_5
 from configs import qwen3
+from configs import qwen3_moe
 from maxtext.common.model_config import ModelConfig
 
 # family -> its config module (`configs/<family>.py`).
 CONFIG_MODULES = {
     "gemma": gemma, "gemma2": gemma2, "gemma3": gemma3, "llama2": llama2,
-    "llama3": llama3, "mistral": mistral, "qwen2_5": qwen2_5, "qwen3": qwen3,
+    "llama3": llama3, "mistral": mistral, "mixtral": mixtral,
+    "qwen2_5": qwen2_5, "qwen3": qwen3, "qwen3_moe": qwen3_moe,
 }
 
 
@@ -27,7 +30,10 @@ def tiny_model_config(family: str, *, window: int,
   """`family`'s small config shrunk; a sliding window (if any) of `window`."""
   model = CONFIG_MODULES[family].get_config().model
   model.update(vocab_size=64, num_layers=3, embed_dim=32, mlp_dim=48,
-               num_heads=4, num_kv_heads=2, head_dim=8, **changes)
+               num_heads=4, num_kv_heads=2, head_dim=8)
+  if model.num_experts:
+    model.moe_mlp_dim = 16
+  model.update(changes)
   if model.sliding_window:
     model.sliding_window = window
   return ModelConfig.from_dict(model)

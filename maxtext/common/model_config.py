@@ -1,4 +1,4 @@
-"""`ModelConfig`: the typed, validated description of a dense decoder.
+"""`ModelConfig`: the typed, validated description of a decoder.
 
 Built once at the boundary from the `model` section of a config file:
 
@@ -24,7 +24,16 @@ MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 ATTENTION_IMPLS = ("reference", "xla")
 # See maxtext.layers.remat.
 REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp",
-                  "save_qkv_proj", "save_out_proj", "nothing_saveable")
+                  "save_qkv_proj", "save_out_proj", "nothing_saveable",
+                  "custom")
+# Activations of a block tagged with `checkpoint_name` (attention, mlp), and
+# what the "custom" policy can do with each.
+REMAT_NAMES = ("query_proj", "key_proj", "value_proj", "attention_context",
+               "out_proj", "mlp_gate", "mlp_up", "mlp_hidden", "mlp_out")
+REMAT_ACTIONS = ("keep", "recompute", "offload")
+# Mixture of experts (maxtext.layers.moe).
+ROUTER_SCORES = ("softmax", "sigmoid")
+MOE_IMPLS = ("dropless", "capacity", "dense")
 
 
 def _fail(field: str, value: Any, valid: str) -> None:
@@ -33,7 +42,7 @@ def _fail(field: str, value: Any, valid: str) -> None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-  """Architecture of a dense decoder-only transformer.
+  """Architecture of a decoder-only transformer (dense or with experts).
 
   Attributes:
     family: Model family, a key of `maxtext.models.registry`.
@@ -79,7 +88,50 @@ class ModelConfig:
     final_logit_softcap: Same for the output logits; 0 is off.
     mlp_activation: Gate activation of the MLP: "silu" or "gelu_tanh".
     remat_policy: What the backward pass of each block recomputes, by name
-      (`maxtext.layers.remat`): "none" keeps every activation.
+      (`maxtext.layers.remat`): "none" keeps every activation; "custom"
+      follows `remat_custom`.
+    remat_custom: For remat_policy="custom": activation name (REMAT_NAMES)
+      -> "keep", "recompute" or "offload" (saved in host memory). A mapping
+      is accepted; stored as sorted (name, action) pairs without the
+      "recompute" ones (the default for unlisted names).
+    pipeline_stages: Pipeline parallelism: the layers are split into this
+      many consecutive stages, run as a GPipe schedule
+      (`maxtext.layers.pipeline`); equals the size of the `stage` mesh axis.
+      1 is off. Needs `scan_layers` and the same local/global layer pattern
+      in every stage.
+    pipeline_microbatches: Slices of the batch that flow through the
+      pipeline stages; 0 means one per stage. Divides the batch.
+    num_experts: Mixture of experts (`maxtext.layers.moe`): routed experts
+      of each MoE layer; 0 means a dense MLP in every layer.
+    num_experts_per_token: Experts each token is sent to (top-k).
+    moe_mlp_dim: Hidden width of one expert (and of one shared expert).
+    num_shared_experts: Experts every token also goes through, unweighted,
+      as one MLP of width `num_shared_experts * moe_mlp_dim` (DeepSeek).
+    first_dense_layers: The first this-many layers have a dense MLP of width
+      `mlp_dim` instead of experts (DeepSeek's first_k_dense_replace).
+    router_score: "softmax" over the experts (Mixtral, Qwen 3 MoE) or
+      per-expert "sigmoid" (DeepSeek-V3).
+    router_normalize: The chosen experts' weights are divided by their sum.
+    router_bias: A per-expert bias, added to the scores only to choose the
+      experts (DeepSeek-V3's e_score_correction_bias); it is not trained by
+      gradients but moved by `maxtext.layers.moe.update_router_bias`.
+    routed_scaling_factor: Multiplies the routed experts' weights.
+    num_expert_groups: Experts are split into this many groups; a token
+      chooses experts only within its best `expert_groups_per_token` groups
+      (a group's score: the sum of its two best scores). 1 is off.
+    expert_groups_per_token: Groups each token may choose experts from.
+    moe_impl: "dropless" (tokens sorted by expert, grouped matmuls with
+      `jax.lax.ragged_dot`), "capacity" (each expert takes at most
+      `capacity_factor * tokens * num_experts_per_token / num_experts`
+      tokens; the rest are dropped and counted) or "dense" (every expert
+      runs on every token: the reference).
+    capacity_factor: See moe_impl="capacity".
+    load_balance_loss_weight: Weight of the auxiliary load-balancing loss
+      `num_experts * sum_e f_e * p_e` added to the training objective (f_e
+      the fraction of tokens routed to expert e, p_e its mean router
+      probability); 0 is off.
+    router_z_loss_weight: Weight of the router z-loss, the mean of
+      logsumexp(router logits)^2; 0 is off.
   """
 
   family: str
@@ -115,6 +167,24 @@ class ModelConfig:
   final_logit_softcap: float = 0.0
   mlp_activation: str = "silu"
   remat_policy: str = "none"
+  remat_custom: Any = ()
+  pipeline_stages: int = 1
+  pipeline_microbatches: int = 0
+  num_experts: int = 0
+  num_experts_per_token: int = 1
+  moe_mlp_dim: int = 0
+  num_shared_experts: int = 0
+  first_dense_layers: int = 0
+  router_score: str = "softmax"
+  router_normalize: bool = True
+  router_bias: bool = False
+  routed_scaling_factor: float = 1.0
+  num_expert_groups: int = 1
+  expert_groups_per_token: int = 1
+  moe_impl: str = "dropless"
+  capacity_factor: float = 1.25
+  load_balance_loss_weight: float = 0.0
+  router_z_loss_weight: float = 0.0
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
@@ -194,6 +264,118 @@ class ModelConfig:
       _fail("attention_impl", self.attention_impl,
             "the xla implementation has no attention-logit soft-cap; use "
             '"reference" or set attn_logit_softcap=0')
+    self._check_pipeline()
+    self._check_moe()
+    self._normalize_remat_custom()
+
+  def _normalize_remat_custom(self):
+    custom = self.remat_custom
+    if hasattr(custom, "to_dict"):
+      custom = custom.to_dict()
+    if isinstance(custom, Mapping):
+      custom = tuple(custom.items())
+    try:
+      pairs = {name: action for name, action in custom}
+    except (TypeError, ValueError):
+      _fail("remat_custom", self.remat_custom,
+            "must map activation names to actions")
+    for name, action in pairs.items():
+      if name not in REMAT_NAMES:
+        _fail("remat_custom", self.remat_custom,
+              f"{name!r} is not an activation name; valid: {REMAT_NAMES}")
+      if action not in REMAT_ACTIONS:
+        _fail("remat_custom", self.remat_custom,
+              f"{name!r}: {action!r} is not an action; valid: "
+              f"{REMAT_ACTIONS}")
+    pairs = tuple(sorted((n, a) for n, a in pairs.items()
+                         if a != "recompute"))
+    if pairs and self.remat_policy != "custom":
+      _fail("remat_custom", self.remat_custom,
+            f'only remat_policy="custom" reads it, not '
+            f"{self.remat_policy!r}")
+    object.__setattr__(self, "remat_custom", pairs)
+
+  def _check_pipeline(self):
+    stages = self.pipeline_stages
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+      _fail("pipeline_stages", stages,
+            "must be a positive integer (the size of the 'stage' mesh axis;"
+            " that axis cannot be -1 with pipelining)")
+    microbatches = self.pipeline_microbatches
+    if (isinstance(microbatches, bool) or not isinstance(microbatches, int)
+        or microbatches < 0):
+      _fail("pipeline_microbatches", microbatches,
+            "must be a positive integer, or 0 for one per stage")
+    if stages == 1:
+      return
+    if self.num_layers % stages:
+      _fail("pipeline_stages", stages,
+            f"must divide num_layers={self.num_layers}")
+    if not self.scan_layers:
+      _fail("pipeline_stages", stages, "pipelining needs scan_layers=True")
+    windows = self.layer_windows()
+    per_stage = self.num_layers // stages
+    if windows != windows[:per_stage] * stages:
+      _fail("pipeline_stages", stages,
+            f"the stages of {per_stage} layers would have different"
+            " local/global layer patterns; choose a number of stages that"
+            f" makes {per_stage} a multiple of global_layer_interval="
+            f"{self.global_layer_interval}")
+
+  def _check_moe(self):
+    for name in ("num_experts", "num_shared_experts", "first_dense_layers",
+                 "moe_mlp_dim"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _fail(name, value, "must be an integer >= 0")
+    if not self.num_experts:
+      if self.num_shared_experts or self.first_dense_layers:
+        _fail("num_experts", self.num_experts,
+              "must be positive when num_shared_experts or "
+              "first_dense_layers is set")
+      return
+    for name, valid in (("router_score", ROUTER_SCORES),
+                        ("moe_impl", MOE_IMPLS)):
+      if getattr(self, name) not in valid:
+        _fail(name, getattr(self, name), f"valid values are {valid}")
+    for name in ("router_normalize", "router_bias"):
+      if not isinstance(getattr(self, name), bool):
+        _fail(name, getattr(self, name), "must be True or False")
+    if self.moe_mlp_dim < 1:
+      _fail("moe_mlp_dim", self.moe_mlp_dim,
+            "must be positive when num_experts > 0")
+    if not 1 <= self.num_experts_per_token <= self.num_experts:
+      _fail("num_experts_per_token", self.num_experts_per_token,
+            f"must be in [1, num_experts={self.num_experts}]")
+    if self.first_dense_layers >= self.num_layers:
+      _fail("first_dense_layers", self.first_dense_layers,
+            f"must be below num_layers={self.num_layers}")
+    groups = self.num_expert_groups
+    if groups < 1 or self.num_experts % groups:
+      _fail("num_expert_groups", groups,
+            f"must be a positive divisor of num_experts={self.num_experts}")
+    if not 1 <= self.expert_groups_per_token <= groups:
+      _fail("expert_groups_per_token", self.expert_groups_per_token,
+            f"must be in [1, num_expert_groups={groups}]")
+    if (groups > 1 and self.expert_groups_per_token * self.num_experts
+        // groups < self.num_experts_per_token):
+      _fail("expert_groups_per_token", self.expert_groups_per_token,
+            "its groups hold fewer experts than num_experts_per_token="
+            f"{self.num_experts_per_token}")
+    for name in ("routed_scaling_factor", "capacity_factor"):
+      if getattr(self, name) <= 0:
+        _fail(name, getattr(self, name), "must be positive")
+    for name in ("load_balance_loss_weight", "router_z_loss_weight"):
+      if getattr(self, name) < 0:
+        _fail(name, getattr(self, name), "must be >= 0 (0 turns it off)")
+    if self.pipeline_stages > 1:
+      _fail("pipeline_stages", self.pipeline_stages,
+            "pipelining is not supported with experts (num_experts="
+            f"{self.num_experts}); use 1")
+
+  def moe_layer(self, layer: int) -> bool:
+    """Whether layer `layer` (0-based) has experts instead of a dense MLP."""
+    return self.num_experts > 0 and layer >= self.first_dense_layers
 
   def layer_windows(self) -> tuple[int | None, ...]:
     """Sliding window of each layer; None for a global layer."""

@@ -7,7 +7,10 @@ Matmul parameters per layer (D embed, H heads, G kv heads, K head dim,
 F mlp dim, V vocab): attention projections D*H*K (query) + 2*D*G*K (key,
 value) + H*K*D (output), gated MLP 3*D*F; plus the output head D*V once (tied
 or not: the head is a matmul, the embedding lookup is not). Norm scales are
-not matmuls.
+not matmuls. A mixture-of-experts layer counts only what one token uses:
+its router D*E, the k routed experts it goes to and the shared experts,
+3*D*F_e each (F_e = moe_mlp_dim); the first `first_dense_layers` layers have
+the dense MLP.
 
 Attention (scores Q.K and the weighted sum P.V): 2 * 2 * H * K FLOPs per
 attended key in the forward pass, 3x that for training, so
@@ -44,9 +47,18 @@ def matmul_params(cfg: ModelConfig) -> int:
   """Parameters used in matmuls by one token, output head included."""
   attention = cfg.embed_dim * cfg.head_dim * (
       2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-  mlp = 3 * cfg.embed_dim * cfg.mlp_dim
+  mlp = sum(mlp_params_per_token(cfg, layer)
+            for layer in range(cfg.num_layers))
   head = cfg.embed_dim * cfg.vocab_size
-  return cfg.num_layers * (attention + mlp) + head
+  return cfg.num_layers * attention + mlp + head
+
+
+def mlp_params_per_token(cfg: ModelConfig, layer: int) -> int:
+  """Matmul parameters of layer `layer`'s MLP (or experts) one token uses."""
+  if not cfg.moe_layer(layer):
+    return 3 * cfg.embed_dim * cfg.mlp_dim
+  experts = cfg.num_experts_per_token + cfg.num_shared_experts
+  return cfg.embed_dim * (cfg.num_experts + 3 * experts * cfg.moe_mlp_dim)
 
 
 def mean_attended_keys(window: int | None, seq_len: int) -> float:

@@ -55,6 +55,22 @@ class FlopsTest(absltest.TestCase):
       head = 0 if not tie else cfg.embed_dim * cfg.vocab_size
       self.assertEqual(flops.matmul_params(cfg), kernels + head)
 
+  def test_moe_counts_active_parameters(self):
+    # Layer 0 dense (mlp_dim 8): 3*4*8 = 96. Layer 1: router 4*6 = 24, and
+    # (2 routed + 1 shared) experts of 3*4*5 = 60 each, 180. Attention 48
+    # per layer, head 40: 96 + 204 + 96 + 40 = 436.
+    cfg = _tiny(num_experts=6, num_experts_per_token=2, moe_mlp_dim=5,
+                num_shared_experts=1, first_dense_layers=1,
+                tie_embeddings=False)
+    self.assertEqual(flops.matmul_params(cfg), 436)
+    params = nnx.to_pure_dict(nnx.state(
+        registry.create_model(cfg, rngs=nnx.Rngs(0)), nnx.Param))
+    # All matmul parameters minus the 4 experts a token skips.
+    matmuls = sum(leaf.size for path, leaf in
+                  jax.tree_util.tree_leaves_with_path(params)
+                  if path[-1].key in ("kernel", "gate", "up", "down"))
+    self.assertEqual(flops.matmul_params(cfg), matmuls - 4 * 60)
+
   def test_peak_flops_table(self):
     self.assertEqual(flops.peak_flops_per_device("TPU v5 lite"), 197e12)
     self.assertEqual(flops.peak_flops_per_device("TPU v5"), 459e12)

@@ -11,6 +11,15 @@ Layouts of the blocks' parameters:
     Layers that do not fill a whole group at the end are unrolled.
   scan_layers=False: an `nnx.List` of `Block`s, one per layer.
 
+Pipeline parallelism (`cfg.pipeline_stages` = S > 1, training only): the
+stacked layers are viewed as [S, layers per stage] (their leading "layers"
+axis is sharded over the `stage` mesh axis, so this is free) and run as a
+GPipe schedule over `cfg.pipeline_microbatches` slices of the batch
+(`maxtext.layers.pipeline`); each row's positions and segment ids travel
+with it through the stages. Within a stage the layers run as above. Every
+stage has the same layer pattern (`ModelConfig` checks it). With a KV cache
+(decoding) the layers run without the pipeline.
+
 Each block runs under the remat policy `cfg.remat_policy`
 (`maxtext.layers.remat`). The residual stream is constrained to the logical
 axes (batch, length, embed) at every block boundary and the logits to
@@ -23,6 +32,15 @@ stacked over layers with scan_layers, a tuple of per-layer caches without);
 token per step) through the same blocks, writing their keys and values at
 their positions, and returns (logits, cache). Without a cache nothing
 changes.
+
+Mixture of experts (`cfg.num_experts` > 0): blocks have routed experts
+(`maxtext.layers.moe`) in place of the MLP, except the first
+`cfg.first_dense_layers`, which are a separate stack (`dense_blocks`, run
+first) with a dense MLP. Without a cache, the forward pass sows the sum over
+layers of the experts' weighted auxiliary losses as a `moe.AuxLoss` named
+"aux_loss" (the train step adds it to the objective) and the layers' mean
+of each unweighted auxiliary term and of the dropped fraction as
+`nnx.Intermediate` "moe_metrics".
 
 Shape key: B batch, L length, D embed dim, V vocab.
 """
@@ -38,7 +56,9 @@ from maxtext.layers import embedding
 from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import linear
 from maxtext.layers import mlp
+from maxtext.layers import moe
 from maxtext.layers import norm
+from maxtext.layers import pipeline
 from maxtext.layers import remat
 from maxtext.layers import rope
 
@@ -51,14 +71,17 @@ def _embed_norm(cfg: ModelConfig) -> norm.RMSNorm:
 
 
 class Block(nnx.Module):
-  """Pre-norm residual block: attention then gated MLP (optional post-norms)."""
+  """Pre-norm residual block: attention then gated MLP or experts (optional
+  post-norms)."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, experts: bool = False,
+               rngs: nnx.Rngs):
     self.pre_attention_norm = _embed_norm(cfg)
     self.attention = attention.Attention(cfg, rngs=rngs)
     self.post_attention_norm = _embed_norm(cfg) if cfg.post_norms else None
     self.pre_mlp_norm = _embed_norm(cfg)
-    self.mlp = mlp.MLP(cfg, rngs=rngs)
+    self.mlp = None if experts else mlp.MLP(cfg, rngs=rngs)
+    self.moe = moe.MoE(cfg, rngs=rngs) if experts else None
     self.post_mlp_norm = _embed_norm(cfg) if cfg.post_norms else None
 
   def __call__(self, x_BLD: jax.Array, rotary: rope.Rotary, *,
@@ -66,7 +89,7 @@ class Block(nnx.Module):
                segment_ids_BL: jax.Array | None,
                cache: kv_cache_lib.KVCache | None = None,
                positions_BL: jax.Array | None = None):
-    """Returns the new residual stream, and the cache when one is given."""
+    """Returns (new residual stream, cache or None, moe aux dict or None)."""
     h_BLD = self.attention(self.pre_attention_norm(x_BLD), rotary,
                            window=window, segment_ids_BL=segment_ids_BL,
                            cache=cache, positions_BL=positions_BL)
@@ -75,19 +98,23 @@ class Block(nnx.Module):
     if self.post_attention_norm is not None:
       h_BLD = self.post_attention_norm(h_BLD)
     x_BLD = x_BLD + h_BLD
-    h_BLD = self.mlp(self.pre_mlp_norm(x_BLD))
+    aux = None
+    if self.moe is None:
+      h_BLD = self.mlp(self.pre_mlp_norm(x_BLD))
+    else:
+      h_BLD, aux = self.moe(self.pre_mlp_norm(x_BLD))
     if self.post_mlp_norm is not None:
       h_BLD = self.post_mlp_norm(h_BLD)
-    return x_BLD + h_BLD if cache is None else (x_BLD + h_BLD, cache)
+    return x_BLD + h_BLD, cache, aux
 
 
 def _with_remat(call_block, cfg: ModelConfig):
-  """`call_block(block, x_BLD, window)` under `cfg.remat_policy`."""
+  """`call_block(block, x_BLD, window) -> (x_BLD, aux)` under
+  `cfg.remat_policy`."""
   if cfg.remat_policy == "none":
     return call_block
 
-  def run_block(block: Block, x_BLD: jax.Array,
-                window: int | None) -> jax.Array:
+  def run_block(block: Block, x_BLD: jax.Array, window: int | None):
     graphdef, state = nnx.split(block)
 
     def apply(state, x_BLD):
@@ -95,7 +122,8 @@ def _with_remat(call_block, cfg: ModelConfig):
 
     # Inside a scan, CSE cannot merge the recomputation; skip its barrier.
     return remat.remat(apply, cfg.remat_policy,
-                       prevent_cse=not cfg.scan_layers)(state, x_BLD)
+                       prevent_cse=not cfg.scan_layers,
+                       custom=cfg.remat_custom)(state, x_BLD)
 
   return run_block
 
@@ -116,17 +144,10 @@ class Decoder(nnx.Module):
     self.embedder = embedding.Embedder(
         cfg.vocab_size, cfg.embed_dim, scale_by_sqrt_dim=cfg.scale_embeddings,
         dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
-    if cfg.scan_layers:
-      @nnx.split_rngs(splits=cfg.num_layers)
-      @nnx.vmap(axis_size=cfg.num_layers,
-                transform_metadata={nnx.PARTITION_NAME: axes.LAYERS})
-      def stacked_blocks(rngs: nnx.Rngs) -> Block:
-        return Block(cfg, rngs=rngs)
-
-      self.blocks = stacked_blocks(rngs)
-    else:
-      self.blocks = nnx.List(
-          [Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    first = cfg.first_dense_layers
+    self.dense_blocks = _make_blocks(cfg, first, False, rngs) if first else None
+    self.blocks = _make_blocks(cfg, cfg.num_layers - first,
+                               cfg.num_experts > 0, rngs)
     self.final_norm = _embed_norm(cfg)
     if cfg.tie_embeddings:
       self.head = None
@@ -144,9 +165,15 @@ class Decoder(nnx.Module):
       return kv_cache_lib.KVCache.zeros(batch, length, cfg.num_kv_heads,
                                         cfg.head_dim, jnp.dtype(cfg.dtype))
 
-    if cfg.scan_layers:
-      return jax.vmap(empty)(jnp.arange(cfg.num_layers))
-    return tuple(empty(i) for i in range(cfg.num_layers))
+    def layers(count):
+      if cfg.scan_layers:
+        return jax.vmap(empty)(jnp.arange(count))
+      return tuple(empty(i) for i in range(count))
+
+    first = cfg.first_dense_layers
+    if first:  # (dense_blocks' cache, blocks' cache).
+      return layers(first), layers(cfg.num_layers - first)
+    return layers(cfg.num_layers)
 
   def __call__(
       self,
@@ -171,45 +198,26 @@ class Decoder(nnx.Module):
     if positions_BL is None:
       positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]),
                                       tokens_BL.shape)
-    global_rotary = rope.Rotary.at(positions_BL,
-                                   rope.global_inverse_frequencies(cfg))
-    local_rotary = rope.Rotary.at(positions_BL,
-                                  rope.local_inverse_frequencies(cfg))
-
-    def call_block(block: Block, x_BLD: jax.Array,
-                   window: int | None) -> jax.Array:
-      rotary = global_rotary if window is None else local_rotary
-      x_BLD = block(x_BLD, rotary, window=window,
-                    segment_ids_BL=segment_ids_BL)
-      return axes.constrain(x_BLD, _RESIDUAL)
-
-    if cache is None:
-      remat_block = _with_remat(call_block, cfg)
-
-      def run_block(block, x_BLD, window, layer_cache):
-        del layer_cache  # None.
-        return remat_block(block, x_BLD, window), None
-    else:
-      def run_block(block, x_BLD, window, layer_cache):
-        rotary = global_rotary if window is None else local_rotary
-        x_BLD, layer_cache = block(x_BLD, rotary, window=window,
-                                   segment_ids_BL=segment_ids_BL,
-                                   cache=layer_cache,
-                                   positions_BL=positions_BL)
-        return axes.constrain(x_BLD, _RESIDUAL), layer_cache
-
     x_BLD = axes.constrain(self.embedder(tokens_BL), _RESIDUAL)
     windows = cfg.layer_windows()
-    if cfg.scan_layers:
-      x_BLD, cache = self._scan_blocks(x_BLD, windows, run_block, cache)
+    if cfg.pipeline_stages > 1 and cache is None:
+      x_BLD = self._pipeline_blocks(x_BLD, positions_BL, segment_ids_BL,
+                                    windows)
     else:
-      layer_caches = cache or (None,) * len(windows)
-      new_caches = []
-      for block, window, layer_cache in zip(self.blocks, windows,
-                                            layer_caches):
-        x_BLD, layer_cache = run_block(block, x_BLD, window, layer_cache)
-        new_caches.append(layer_cache)
-      cache = None if cache is None else tuple(new_caches)
+      run_block = _block_runner(cfg, positions_BL, segment_ids_BL,
+                                cached=cache is not None)
+      first = cfg.first_dense_layers
+      if first:
+        dense_cache = None if cache is None else cache[0]
+        x_BLD, dense_cache, _ = self._run_blocks(
+            self.dense_blocks, x_BLD, windows[:first], dense_cache, run_block)
+        cache = None if cache is None else cache[1]
+      x_BLD, cache, aux = self._run_blocks(self.blocks, x_BLD,
+                                           windows[first:], cache, run_block)
+      if first and cache is not None:
+        cache = (dense_cache, cache)
+      if aux is not None and cache is None:
+        self._sow_moe(aux)
     x_BLD = self.final_norm(x_BLD)
     if self.head is None:
       logits_BLV = self.embedder.attend(x_BLD)
@@ -222,44 +230,154 @@ class Decoder(nnx.Module):
       logits_BLV = cap * jnp.tanh(logits_BLV / cap)
     return logits_BLV if cache is None else (logits_BLV, cache)
 
-  def _scan_blocks(self, x_BLD, windows, run_block, cache):
-    """Runs the stacked blocks: a scan over pattern groups, then the rest.
+  def _sow_moe(self, aux):
+    """Sows the experts' auxiliary losses (each aux value is [layers])."""
+    self.sow(moe.AuxLoss, "aux_loss", jnp.sum(aux.pop("loss")),
+             reduce_fn=lambda _, new: new)
+    self.sow(nnx.Intermediate, "moe_metrics",
+             {name: jnp.mean(value) for name, value in aux.items()},
+             reduce_fn=lambda _, new: new)
 
-    `cache` (stacked over layers, or None) is scanned alongside the
-    parameters; returns (x_BLD, new cache or None).
+  def _run_blocks(self, blocks, x_BLD, windows, cache, run_block):
+    """`blocks` in order; returns (x_BLD, new cache or None, aux).
+
+    aux: None for dense blocks, else each MoE aux value stacked over layers.
     """
+    if self.cfg.scan_layers:
+      return _scan_blocks(*nnx.split(blocks), x_BLD, windows, run_block,
+                          cache)
+    layer_caches = cache or (None,) * len(windows)
+    new_caches, auxes = [], []
+    for block, window, layer_cache in zip(blocks, windows, layer_caches):
+      x_BLD, layer_cache, aux = run_block(block, x_BLD, window, layer_cache)
+      new_caches.append(layer_cache)
+      auxes.append(aux)
+    return (x_BLD, None if cache is None else tuple(new_caches),
+            jax.tree.map(lambda *a: jnp.stack(a), *auxes))
+
+  def _pipeline_blocks(self, x_BLD, positions_BL, segment_ids_BL, windows):
+    """The stacked blocks as a GPipe pipeline of `cfg.pipeline_stages`."""
+    cfg = self.cfg
+    stages = cfg.pipeline_stages
     graphdef, stacked = nnx.split(self.blocks)
-    period = pattern_period(windows)
-    num_groups = len(windows) // period
+    stage_state = jax.tree.map(
+        lambda a: a.reshape(stages, -1, *a.shape[1:]), stacked)
+    stage_windows = windows[:cfg.num_layers // stages]
 
-    def at(tree, index):
-      return jax.tree.map(lambda a: a[index], tree)
+    def stage_fn(state, microbatch):
+      x_BLD, positions_BL, segment_ids_BL = microbatch
+      run_block = _block_runner(cfg, positions_BL, segment_ids_BL,
+                                cached=False)
+      x_BLD, _, _ = _scan_blocks(graphdef, state, x_BLD, stage_windows,
+                                 run_block, None)
+      return x_BLD, positions_BL, segment_ids_BL
 
-    def layer(state, index):
-      return nnx.merge(graphdef, at(state, index))
+    microbatches = cfg.pipeline_microbatches or stages
+    inputs = pipeline.split_microbatches(
+        (x_BLD, positions_BL, segment_ids_BL), microbatches)
+    row_names = (axes.BATCH, axes.LENGTH)
+    x_BLD, _, _ = pipeline.merge_microbatches(pipeline.gpipe(
+        stage_fn, stage_state, inputs,
+        names=(_RESIDUAL, row_names,
+               None if segment_ids_BL is None else row_names)))
+    return axes.constrain(x_BLD, _RESIDUAL)
 
-    def stack(caches):
-      return jax.tree.map(lambda *a: jnp.stack(a), *caches)
 
-    def group_step(x_BLD, group):
-      group_state, group_cache = group
-      caches = []
-      for offset in range(period):
-        x_BLD, layer_cache = run_block(layer(group_state, offset), x_BLD,
-                                       windows[offset],
-                                       at(group_cache, offset))
-        caches.append(layer_cache)
-      return x_BLD, stack(caches)
+def _block_runner(cfg: ModelConfig, positions_BL: jax.Array,
+                  segment_ids_BL: jax.Array | None, *, cached: bool):
+  """`run_block(block, x_BLD, window, layer_cache) -> (x_BLD, layer_cache,
+  aux)`, aux the block's MoE aux dict or None.
 
-    def grouped(a):
-      return a[:num_groups * period].reshape(num_groups, period, *a.shape[1:])
+  With `cached`, each block reads and writes its layer's KV cache at
+  `positions_BL`; otherwise `layer_cache` is None and each block runs under
+  `cfg.remat_policy`.
+  """
+  global_rotary = rope.Rotary.at(positions_BL,
+                                 rope.global_inverse_frequencies(cfg))
+  local_rotary = rope.Rotary.at(positions_BL,
+                                rope.local_inverse_frequencies(cfg))
 
-    x_BLD, scanned_cache = jax.lax.scan(
-        group_step, x_BLD, jax.tree.map(grouped, (stacked, cache)))
-    caches = [jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]),
-                           scanned_cache)]
-    for index in range(num_groups * period, len(windows)):
-      x_BLD, layer_cache = run_block(layer(stacked, index), x_BLD,
-                                     windows[index], at(cache, index))
-      caches.append(jax.tree.map(lambda a: a[None], layer_cache))
-    return x_BLD, jax.tree.map(lambda *a: jnp.concatenate(a), *caches)
+  if cached:
+    def run_block(block, x_BLD, window, layer_cache):
+      rotary = global_rotary if window is None else local_rotary
+      x_BLD, layer_cache, aux = block(x_BLD, rotary, window=window,
+                                      segment_ids_BL=segment_ids_BL,
+                                      cache=layer_cache,
+                                      positions_BL=positions_BL)
+      return axes.constrain(x_BLD, _RESIDUAL), layer_cache, aux
+    return run_block
+
+  def call_block(block: Block, x_BLD: jax.Array, window: int | None):
+    rotary = global_rotary if window is None else local_rotary
+    x_BLD, _, aux = block(x_BLD, rotary, window=window,
+                          segment_ids_BL=segment_ids_BL)
+    return axes.constrain(x_BLD, _RESIDUAL), aux
+
+  remat_block = _with_remat(call_block, cfg)
+
+  def run_remat_block(block, x_BLD, window, layer_cache):
+    del layer_cache  # None.
+    x_BLD, aux = remat_block(block, x_BLD, window)
+    return x_BLD, None, aux
+  return run_remat_block
+
+
+def _make_blocks(cfg: ModelConfig, count: int, experts: bool,
+                 rngs: nnx.Rngs):
+  """`count` blocks: stacked over layers (scan_layers) or an `nnx.List`."""
+  if not cfg.scan_layers:
+    return nnx.List([Block(cfg, experts=experts, rngs=rngs)
+                     for _ in range(count)])
+
+  @nnx.split_rngs(splits=count)
+  @nnx.vmap(axis_size=count,
+            transform_metadata={nnx.PARTITION_NAME: axes.LAYERS})
+  def stacked_blocks(rngs: nnx.Rngs) -> Block:
+    return Block(cfg, experts=experts, rngs=rngs)
+
+  return stacked_blocks(rngs)
+
+
+def _scan_blocks(graphdef, stacked, x_BLD, windows, run_block, cache):
+  """Runs stacked blocks: a scan over pattern groups, then the rest.
+
+  `stacked` is the blocks' state with a leading layer axis, `windows` their
+  windows; `cache` (stacked over layers, or None) is scanned alongside the
+  parameters. Returns (x_BLD, new cache or None, aux stacked over layers
+  or None).
+  """
+  period = pattern_period(windows)
+  num_groups = len(windows) // period
+
+  def at(tree, index):
+    return jax.tree.map(lambda a: a[index], tree)
+
+  def layer(state, index):
+    return nnx.merge(graphdef, at(state, index))
+
+  def stack(caches):
+    return jax.tree.map(lambda *a: jnp.stack(a), *caches)
+
+  def group_step(x_BLD, group):
+    group_state, group_cache = group
+    caches, auxes = [], []
+    for offset in range(period):
+      x_BLD, layer_cache, aux = run_block(layer(group_state, offset), x_BLD,
+                                          windows[offset],
+                                          at(group_cache, offset))
+      caches.append(layer_cache)
+      auxes.append(aux)
+    return x_BLD, (stack(caches), stack(auxes))
+
+  def grouped(a):
+    return a[:num_groups * period].reshape(num_groups, period, *a.shape[1:])
+
+  x_BLD, scanned = jax.lax.scan(
+      group_step, x_BLD, jax.tree.map(grouped, (stacked, cache)))
+  outputs = [jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), scanned)]
+  for index in range(num_groups * period, len(windows)):
+    x_BLD, layer_cache, aux = run_block(layer(stacked, index), x_BLD,
+                                        windows[index], at(cache, index))
+    outputs.append(jax.tree.map(lambda a: a[None], (layer_cache, aux)))
+  cache, aux = jax.tree.map(lambda *a: jnp.concatenate(a), *outputs)
+  return x_BLD, cache, aux

@@ -11,7 +11,10 @@ import numpy as np
 
 from configs import gemma3 as gemma3_config
 from configs import llama3 as llama3_config
+from configs import qwen3_moe as qwen3_moe_config
 from maxtext.common.model_config import ModelConfig
+from maxtext.layers import moe
+from maxtext.layers import rope
 from maxtext.models import decoder
 from maxtext.models import hf_weights
 from maxtext.models import registry
@@ -141,6 +144,143 @@ class DecoderTest(parameterized.TestCase):
     self.assertGreater(
         np.abs(_logits(model, tokens)[:, 10] -
                _logits(model, changed)[:, 10]).max(), 1e-4)
+
+  @parameterized.parameters(("gemma3", 2, 0, "none"), ("gemma3", 2, 4, "full"),
+                            ("llama3", 4, 2, "minimal"))
+  def test_pipeline_equals_the_plain_layer_scan(self, family, stages,
+                                                microbatches, remat_policy):
+    # Packed rows with their own positions and segments: each row's
+    # positions and segment ids must travel with it through the stages.
+    plain_cfg = dataclasses.replace(_CONFIGS[family](), num_layers=4,
+                                    remat_policy=remat_policy)
+    model = registry.create_model(plain_cfg, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    piped = nnx.graphdef(registry.create_model(
+        dataclasses.replace(plain_cfg, pipeline_stages=stages,
+                            pipeline_microbatches=microbatches),
+        rngs=nnx.Rngs(0)))
+    rng = np.random.RandomState(0)
+    tokens = rng.randint(0, 64, size=(4, _L))
+    split = rng.randint(2, _L - 2, size=(4, 1))
+    columns = np.arange(_L)[None]
+    positions = np.where(columns < split, columns, columns - split)
+    segment_ids = np.where(columns < split, 1, 2)
+
+    @jax.jit
+    def loss_and_grads(params, graphdef):
+      def loss(params):
+        logits = nnx.merge(graphdef, params)(tokens, positions, segment_ids)
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 0]), logits
+      return jax.value_and_grad(loss, has_aux=True)(params)
+
+    (want_loss, want_logits), want_grads = loss_and_grads(params, graphdef)
+    (loss, logits), grads = loss_and_grads(params, piped)
+    np.testing.assert_allclose(logits, want_logits, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
+                                                         atol=1e-6),
+                 grads, want_grads)
+
+  def test_pipeline_configs_that_cannot_work_are_refused(self):
+    with self.assertRaisesRegex(ValueError,
+                                "pipeline_stages=2.*must divide num_layers=5"):
+      _CONFIGS["llama3"](pipeline_stages=2)
+    with self.assertRaisesRegex(ValueError, "needs scan_layers=True"):
+      dataclasses.replace(_CONFIGS["llama3"](), num_layers=4,
+                          pipeline_stages=2, scan_layers=False)
+    # Gemma 3's 6-layer pattern cut into stages of 3 layers.
+    with self.assertRaisesRegex(
+        ValueError, "stages of 3 layers would have different local/global"
+        " layer patterns.*multiple of global_layer_interval=2"):
+      dataclasses.replace(_CONFIGS["gemma3"](), num_layers=6,
+                          pipeline_stages=2)
+    with self.assertRaisesRegex(ValueError, "pipeline_microbatches=-1"):
+      _CONFIGS["llama3"](pipeline_microbatches=-1)
+
+
+def _moe_config(**changes) -> ModelConfig:
+  """3 layers, the first dense, 2 with 4 experts (+1 shared), top-2."""
+  cfg = _tiny(qwen3_moe_config, num_experts=4, num_experts_per_token=2,
+              moe_mlp_dim=16, num_shared_experts=1, first_dense_layers=1,
+              load_balance_loss_weight=0.1, router_z_loss_weight=0.01)
+  return dataclasses.replace(cfg, num_layers=3, **changes)
+
+
+def _stacked_copy(unscanned: decoder.Decoder) -> decoder.Decoder:
+  """A scan_layers model with the parameters of an unscanned one."""
+  model = registry.create_model(
+      dataclasses.replace(unscanned.cfg, scan_layers=True), rngs=nnx.Rngs(9))
+
+  def stack(blocks):
+    return jax.tree.map(lambda *a: jnp.stack(a),
+                        *[nnx.state(block) for block in blocks])
+
+  nnx.update(model.blocks, stack(unscanned.blocks))
+  nnx.update(model.dense_blocks, stack(unscanned.dense_blocks))
+  for name in ("embedder", "final_norm", "head"):
+    nnx.update(getattr(model, name), nnx.state(getattr(unscanned, name)))
+  return model
+
+
+def _sown_aux_loss(model, tokens):
+  model(tokens)
+  return sum(jax.tree.leaves(nnx.pop(model, moe.AuxLoss)))
+
+
+class MoEDecoderTest(absltest.TestCase):
+
+  def test_blocks_by_hand(self):
+    """Dense blocks then MoE blocks; the sown loss sums the layers'."""
+    model = registry.create_model(_moe_config(scan_layers=False),
+                                  rngs=nnx.Rngs(0))
+    self.assertIsNone(model.dense_blocks[0].moe)
+    self.assertIsNone(model.blocks[0].mlp)
+    tokens = _tokens()
+    x = model.embedder(tokens)
+    rotary = rope.Rotary.at(jnp.broadcast_to(jnp.arange(_L), tokens.shape),
+                            rope.global_inverse_frequencies(model.cfg))
+    want_loss = 0.0
+    for block in (*model.dense_blocks, *model.blocks):
+      x, _, aux = block(x, rotary, window=None, segment_ids_BL=None)
+      if aux is not None:
+        want_loss += aux["loss"]
+    want_logits = model.head(model.final_norm(x))
+    logits = model(tokens)
+    np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+    self.assertAlmostEqual(
+        float(sum(jax.tree.leaves(nnx.pop(model, moe.AuxLoss)))),
+        float(want_loss), places=5)
+    self.assertGreater(float(want_loss), 0.0)
+
+  def test_scanned_equals_unscanned(self):
+    unscanned = registry.create_model(_moe_config(scan_layers=False),
+                                      rngs=nnx.Rngs(0))
+    scanned = _stacked_copy(unscanned)
+    tokens = _tokens()
+    np.testing.assert_allclose(_logits(scanned, tokens),
+                               _logits(unscanned, tokens), rtol=0, atol=1e-5)
+    self.assertAlmostEqual(float(_sown_aux_loss(scanned, tokens)),
+                           float(_sown_aux_loss(unscanned, tokens)), places=5)
+
+  def test_cached_decoding_equals_full_forward(self):
+    model = registry.create_model(_moe_config(), rngs=nnx.Rngs(0))
+    tokens = _tokens()
+    positions = np.broadcast_to(np.arange(_L), tokens.shape)
+
+    @nnx.jit
+    def step(model, tokens, positions, cache):
+      return model(tokens, positions, cache=cache)
+
+    want = _logits(model, tokens)
+    logits, cache = step(model, tokens[:, :9], positions[:, :9],
+                         model.init_cache(2, _L))
+    got = [logits]
+    for i in range(9, _L):
+      logits, cache = step(model, tokens[:, i:i + 1], positions[:, i:i + 1],
+                           cache)
+      got.append(logits)
+    np.testing.assert_allclose(np.concatenate(got, axis=1), want, rtol=0,
+                               atol=1e-5)
 
 
 if __name__ == "__main__":

@@ -260,6 +260,28 @@ QKV_BIASES = (
 )
 
 
+def expert_params(moe_prefix: str, router: str, gate: str, up: str,
+                  down: str) -> tuple[ParamMap, ...]:
+  """Entries of a mixture-of-experts layer (`maxtext.layers.moe.MoE`).
+
+  Hugging Face checkpoints store the router as `{moe_prefix}.{router}.weight`
+  and expert j's projections as `{moe_prefix}.experts.j.{gate|up|down}.weight`
+  (torch `Linear` weights; transformers >= 5 fuses them only in memory).
+  """
+  def expert(path, name):
+    return ParamMap(("moe", path),
+                    _block(f"{moe_prefix}.experts.{{{{expert}}}}.{name}.weight"),
+                    in_ndim=1)
+
+  return (
+      ParamMap(("moe", "router", "kernel"),
+               _block(f"{moe_prefix}.{router}.weight"), in_ndim=1),
+      expert("gate", gate),
+      expert("up", up),
+      expert("down", down),
+  )
+
+
 def hf_query_pre_attn_scalar(cfg: ModelConfig) -> int | float:
   """`query_pre_attn_scalar` as Hugging Face configs store it (an int when whole)."""
   scalar = cfg.query_pre_attn_scalar or cfg.head_dim

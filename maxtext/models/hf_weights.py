@@ -8,7 +8,9 @@ tensor by tensor); `to_hf_weights(model)` is the inverse, and
 layouts come from the family's `HF_PARAMS` (whole-model parameters) and
 `HF_BLOCK_PARAMS` (per layer, "{layer}" in the name); both the scanned
 layout (parameters stacked over layers) and the unscanned one (a list of
-blocks) are handled here.
+blocks) are handled here. A name that also holds "{{expert}}" (escaped, so
+it survives the layer's `format`) is one Hugging Face tensor per expert of a
+parameter whose (next) leading axis is the expert (mixture of experts).
 
 The loader takes numpy arrays of any floating dtype (float16, bfloat16,
 float32, float64) and casts them to each parameter's dtype; torch tensors are
@@ -144,6 +146,9 @@ def load_hf_weights(model: nnx.Module,
   used = set()
 
   def fetch(entry, name, shape):
+    if "{expert}" in name:
+      return np.stack([fetch(entry, name.format(expert=expert), shape[1:])
+                       for expert in range(shape[0])])
     if name not in names:
       raise KeyError(f"Hugging Face weight {name!r} is missing (needed for "
                      f"{'.'.join(entry.path)}).")
@@ -178,15 +183,22 @@ def iter_hf_weights(model: nnx.Module) -> Iterator[tuple[str, np.ndarray]]:
   """Yields `model`'s parameters as (Hugging Face name, numpy array), one at
   a time, so a writer can store each before the next is made."""
   num_layers = model.cfg.num_layers
+
+  def tensors(entry, name, array):
+    if "{expert}" not in name:
+      return [(name, entry.to_hf(array))]
+    return [(name.format(expert=expert), entry.to_hf(expert_array))
+            for expert, expert_array in enumerate(array)]
+
   for entry, variable, layer in _entries(model):
     array = np.asarray(variable[...])
     if layer is not None:
-      yield entry.hf_name.format(layer=layer), entry.to_hf(array)
+      yield from tensors(entry, entry.hf_name.format(layer=layer), array)
     elif "{layer}" in entry.hf_name:
       for name, layer_array in zip(_names(entry, num_layers), array):
-        yield name, entry.to_hf(layer_array)
+        yield from tensors(entry, name, layer_array)
     else:
-      yield entry.hf_name, entry.to_hf(array)
+      yield from tensors(entry, entry.hf_name, array)
 
 
 def to_hf_weights(model: nnx.Module) -> dict[str, np.ndarray]:

@@ -22,8 +22,10 @@ from maxtext.models import gemma3
 from maxtext.models import llama2
 from maxtext.models import llama3
 from maxtext.models import mistral
+from maxtext.models import mixtral
 from maxtext.models import qwen2_5
 from maxtext.models import qwen3
+from maxtext.models import qwen3_moe
 
 FAMILIES: dict[str, types.ModuleType] = {
     "gemma": gemma,
@@ -32,8 +34,10 @@ FAMILIES: dict[str, types.ModuleType] = {
     "llama2": llama2,
     "llama3": llama3,
     "mistral": mistral,
+    "mixtral": mixtral,
     "qwen2_5": qwen2_5,
     "qwen3": qwen3,
+    "qwen3_moe": qwen3_moe,
 }
 
 # Hugging Face `config.json` model_type -> family. Llama 2 checkpoints have
@@ -45,8 +49,10 @@ HF_MODEL_TYPES: dict[str, str] = {
     "gemma3_text": "gemma3",
     "llama": "llama3",
     "mistral": "mistral",
+    "mixtral": "mixtral",
     "qwen2": "qwen2_5",
     "qwen3": "qwen3",
+    "qwen3_moe": "qwen3_moe",
 }
 # Multimodal architectures whose text decoder is a family.
 HF_MULTIMODAL_ARCHITECTURES: dict[str, str] = {

@@ -27,7 +27,7 @@ class RegistryTest(parameterized.TestCase):
     cfg = ModelConfig(family="gpt9", **_SIZES)
     with self.assertRaisesRegex(
         ValueError, r"'gpt9'.*\['gemma', 'gemma2', 'gemma3', 'llama2', "
-        r"'llama3', 'mistral', 'qwen2_5', 'qwen3'\]"):
+        r"'llama3', 'mistral', 'mixtral', 'qwen2_5', 'qwen3', 'qwen3_moe'\]"):
       registry.create_model(cfg, rngs=nnx.Rngs(0))
 
 

@@ -1,0 +1,220 @@
+"""Tests of the mixture-of-experts layer against numpy and each other."""
+
+import dataclasses
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxtext.common.model_config import ModelConfig
+from maxtext.layers import moe
+
+_CFG = ModelConfig(family="test", vocab_size=8, num_layers=1, embed_dim=8,
+                   mlp_dim=12, num_heads=1, num_kv_heads=1, head_dim=2,
+                   num_experts=4, num_experts_per_token=2, moe_mlp_dim=6)
+
+
+def _silu(x):
+  return x / (1 + np.exp(-x))
+
+
+def _numpy_route(logits, k, *, sigmoid=False, bias=None, groups=1,
+                 groups_per_token=1, normalize=True, scale=1.0):
+  """Top-k routing, one token at a time."""
+  weights, experts = [], []
+  for row in logits.astype(np.float64):
+    if sigmoid:
+      scores = 1 / (1 + np.exp(-row))
+    else:
+      scores = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
+    choice = scores + (0 if bias is None else bias)
+    if groups > 1:
+      per_group = choice.reshape(groups, -1)
+      group_score = np.sort(per_group, axis=1)[:, -2:].sum(1)
+      best = np.argsort(-group_score)[:groups_per_token]
+      mask = np.zeros_like(per_group)
+      mask[best] = 1
+      choice = (per_group * mask).reshape(-1)
+    chosen = np.argsort(-choice, kind="stable")[:k]
+    w = scores[chosen]
+    if normalize:
+      w = w / w.sum()
+    weights.append(w * scale)
+    experts.append(chosen)
+  return np.array(weights), np.array(experts)
+
+
+def _numpy_moe(x, weights, experts, layer, kept=None):
+  """sum_k w_k * down(silu(gate) * up) over each token's chosen experts."""
+  gate, up, down = (np.asarray(p[...]) for p in
+                    (layer.gate, layer.up, layer.down))
+  out = np.zeros_like(x, dtype=np.float64)
+  for t in range(x.shape[0]):
+    for j, e in enumerate(experts[t]):
+      if kept is not None and not kept[t, j]:
+        continue
+      out[t] += weights[t, j] * ((_silu(x[t] @ gate[e]) * (x[t] @ up[e]))
+                                 @ down[e])
+  return out
+
+
+class RouteTest(parameterized.TestCase):
+
+  @parameterized.parameters(True, False)
+  def test_softmax_top_k(self, normalize):
+    cfg = dataclasses.replace(_CFG, router_normalize=normalize)
+    logits = np.random.RandomState(0).normal(size=(10, 4)).astype(np.float32)
+    routing = moe.route(jnp.asarray(logits), cfg)
+    weights, experts = _numpy_route(logits, 2, normalize=normalize)
+    np.testing.assert_array_equal(routing.experts_TK, experts)
+    np.testing.assert_allclose(routing.weights_TK, weights, rtol=1e-6)
+
+  def test_sigmoid_bias_groups_scaling(self):
+    cfg = dataclasses.replace(
+        _CFG, num_experts=8, num_experts_per_token=3, router_score="sigmoid",
+        router_bias=True, num_expert_groups=4, expert_groups_per_token=2,
+        routed_scaling_factor=2.5)
+    rng = np.random.RandomState(1)
+    logits = rng.normal(size=(16, 8)).astype(np.float32)
+    bias = rng.normal(scale=0.5, size=8).astype(np.float32)
+    routing = moe.route(jnp.asarray(logits), cfg, jnp.asarray(bias))
+    weights, experts = _numpy_route(logits, 3, sigmoid=True, bias=bias,
+                                    groups=4, groups_per_token=2, scale=2.5)
+    np.testing.assert_array_equal(routing.experts_TK, experts)
+    np.testing.assert_allclose(routing.weights_TK, weights, rtol=1e-5)
+    # The bias changes the choice but not the weights' source: the scores.
+    unbiased = moe.route(jnp.asarray(logits), cfg)
+    self.assertFalse(np.array_equal(unbiased.experts_TK, routing.experts_TK))
+
+
+class LossesTest(absltest.TestCase):
+
+  def test_load_balance_loss_by_hand(self):
+    # 4 tokens, 3 experts, top-1. Assignments: e0, e0, e1, e2 -> f = (2, 1,
+    # 1) / 4; mean probs p = column means of probs_TE.
+    probs = np.array([[.5, .3, .2], [.6, .2, .2], [.2, .7, .1],
+                      [.1, .1, .8]], np.float32)
+    routing = moe.Routing(jnp.ones((4, 1)), jnp.array([[0], [0], [1], [2]]),
+                          jnp.asarray(probs))
+    p = probs.mean(0)  # (0.35, 0.325, 0.325)
+    want = 3 * (0.5 * p[0] + 0.25 * p[1] + 0.25 * p[2])  # 1.0125
+    self.assertAlmostEqual(want, 1.0125, places=6)
+    self.assertAlmostEqual(float(moe.load_balance_loss(routing, 3)), want,
+                           places=6)
+
+  def test_router_z_loss(self):
+    logits = np.random.RandomState(2).normal(size=(5, 4))
+    want = np.mean(np.log(np.exp(logits).sum(-1))**2)
+    self.assertAlmostEqual(float(moe.router_z_loss(jnp.asarray(logits))),
+                           want, places=5)
+
+  def test_update_router_bias(self):
+    # Counts (3, 1, 2, 2), mean 2: expert 0 down, 1 up, 2 and 3 unchanged.
+    experts = jnp.array([[0, 1], [0, 2], [0, 3], [2, 3]])
+    bias = moe.update_router_bias(jnp.zeros(4), experts, rate=0.01)
+    np.testing.assert_allclose(bias, [-0.01, 0.01, 0.0, 0.0])
+
+
+class MoETest(parameterized.TestCase):
+
+  def _layer_and_input(self, **changes):
+    cfg = dataclasses.replace(_CFG, **changes)
+    layer = moe.MoE(cfg, rngs=nnx.Rngs(0))
+    x = np.random.RandomState(3).normal(size=(2, 5, 8)).astype(np.float32)
+    return cfg, layer, x
+
+  @parameterized.parameters("dropless", "capacity", "dense")
+  def test_matches_numpy(self, impl):
+    # capacity_factor 2 = E / k: every expert can take every token.
+    cfg, layer, x = self._layer_and_input(moe_impl=impl, capacity_factor=2.0)
+    y, aux = layer(jnp.asarray(x))
+    x_TD = x.reshape(10, 8)
+    logits = x_TD @ np.asarray(layer.router.kernel[...])
+    weights, experts = _numpy_route(logits, 2)
+    want = _numpy_moe(x_TD, weights, experts, layer)
+    np.testing.assert_allclose(y.reshape(10, 8), want, rtol=1e-4, atol=1e-5)
+    self.assertEqual(float(aux["dropped_fraction"]), 0.0)
+
+  def test_paths_equal_with_gradients(self):
+    """Dropless and capacity (nothing dropped) equal the dense reference,
+    forward and gradients, router included."""
+    cfg, layer, x = self._layer_and_input(load_balance_loss_weight=0.1,
+                                          router_z_loss_weight=0.01,
+                                          capacity_factor=2.0)
+    graphdef, state = nnx.split(layer)
+
+    def loss(state, x, impl):
+      module = nnx.merge(graphdef, state)
+      module.cfg = dataclasses.replace(cfg, moe_impl=impl)
+      y, aux = module(x)
+      return jnp.sum(jnp.sin(y)) + aux["loss"]
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)),
+                   static_argnums=2)
+    want_value, (want_state, want_x) = grad(state, x, "dense")
+    router_grad = want_state["router"]["kernel"][...]
+    self.assertGreater(float(jnp.abs(router_grad).max()), 1e-3)
+    for impl in ("dropless", "capacity"):
+      value, (got_state, got_x) = grad(state, x, impl)
+      self.assertAlmostEqual(float(value), float(want_value), places=4)
+      np.testing.assert_allclose(got_x, want_x, rtol=1e-4, atol=1e-6)
+      jax.tree.map(lambda a, b: np.testing.assert_allclose(
+          a, b, rtol=1e-4, atol=1e-6), got_state, want_state)
+
+  def test_capacity_drops_and_counts(self):
+    cfg, layer, x = self._layer_and_input(moe_impl="capacity",
+                                          capacity_factor=0.5)
+    slots = moe.capacity(10, cfg)  # ceil(0.5 * 10 * 2 / 4) = 3.
+    self.assertEqual(slots, 3)
+    y, aux = layer(jnp.asarray(x))
+    x_TD = x.reshape(10, 8)
+    weights, experts = _numpy_route(x_TD @ np.asarray(layer.router.kernel[...]),
+                                    2)
+    taken = np.zeros(4, int)
+    kept = np.zeros((10, 2), bool)
+    for t in range(10):
+      for j in range(2):
+        kept[t, j] = taken[experts[t, j]] < slots
+        taken[experts[t, j]] += 1
+    self.assertGreater((~kept).sum(), 0)
+    self.assertAlmostEqual(float(aux["dropped_fraction"]),
+                           (~kept).sum() / 20, places=6)
+    want = _numpy_moe(x_TD, weights, experts, layer,
+                      kept=kept)
+    np.testing.assert_allclose(y.reshape(10, 8), want, rtol=1e-4, atol=1e-5)
+
+  def test_shared_experts_add_an_mlp(self):
+    cfg, layer, x = self._layer_and_input(num_shared_experts=2)
+    self.assertEqual(layer.shared.gate.kernel.shape, (8, 12))
+    y, _ = layer(jnp.asarray(x))
+    routed = nnx.clone(layer)
+    routed.shared = None
+    want = routed(jnp.asarray(x))[0] + layer.shared(jnp.asarray(x))
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+
+  def test_aux_loss_is_weighted_sum(self):
+    _, layer, x = self._layer_and_input(load_balance_loss_weight=0.1,
+                                        router_z_loss_weight=0.01)
+    _, aux = layer(jnp.asarray(x))
+    self.assertAlmostEqual(
+        float(aux["loss"]), 0.1 * float(aux["load_balance_loss"])
+        + 0.01 * float(aux["router_z_loss"]), places=6)
+
+
+class MoEConfigTest(absltest.TestCase):
+
+  def test_bad_values_name_the_field(self):
+    for changes, field in ((dict(num_experts_per_token=5), "num_experts_per"),
+                           (dict(num_expert_groups=3), "num_expert_groups"),
+                           (dict(moe_impl="sparse"), "moe_impl"),
+                           (dict(moe_mlp_dim=0), "moe_mlp_dim"),
+                           (dict(first_dense_layers=1), "first_dense_layers")):
+      with self.assertRaisesRegex(ValueError, field):
+        dataclasses.replace(_CFG, **changes)
+
+
+if __name__ == "__main__":
+  absltest.main()
