@@ -1,0 +1,92 @@
+"""Tests of maxtext.aot.sweep on compile-only v5e devices."""
+
+import dataclasses
+
+from absl.testing import absltest
+
+from maxtext.aot import sweep
+from maxtext.aot import tiny_experiment
+from maxtext.aot import topology
+from maxtext.trainers.config import ExperimentConfig
+
+
+class SweepTest(absltest.TestCase):
+
+  def test_layouts_and_remat_policies_are_compiled_and_ranked(self):
+    # Dimensions that stay multiples of TPU tiles (128) when split 4 ways,
+    # and long rows, so that layouts and remat change memory as on a big
+    # model rather than by tile padding. Two unrolled layers: remat keeps
+    # one layer's activations instead of both, and the costs need no
+    # extrapolation.
+    config = tiny_experiment.tiny_config(
+        num_layers=2, scan_layers=False, vocab_size=1024, embed_dim=512,
+        mlp_dim=1024, num_heads=8, num_kv_heads=4, head_dim=64)
+    config.data.seq_len = 256
+    experiment = ExperimentConfig.from_config_dict(config)
+    hardware = topology.make_devices(topology.parse_topology("v5e:2x2"))
+    layouts = [sweep.parse_layout("fsdp=4"), sweep.parse_layout("data=4"),
+               sweep.parse_layout("fsdp=3")]
+    rows = sweep.sweep(experiment, hardware, layouts, ["none", "full"])
+    self.assertLen(rows, 6)
+    by_key = {(row.layout_text(), row.remat_policy): row for row in rows}
+    # fsdp=3 does not cover the 4 devices: listed last, with the reason.
+    for policy in ("none", "full"):
+      self.assertIn("needs 3 devices", by_key["fsdp=3", policy].error)
+      self.assertFalse(by_key["fsdp=3", policy].out_of_memory)
+    self.assertEqual([row.layout_text() for row in rows[-2:]],
+                     ["fsdp=3"] * 2)
+    fitting = rows[:4]
+    self.assertTrue(all(row.fits for row in fitting))
+    times = [row.report.step_time_s for row in fitting]
+    self.assertEqual(times, sorted(times))
+    # FSDP splits the state 4 ways; data parallelism keeps it whole.
+    fsdp, data = by_key["fsdp=4", "none"], by_key["data=4", "none"]
+    self.assertGreater(data.report.argument_bytes,
+                       3 * fsdp.report.argument_bytes)
+    # Full remat keeps less for the backward pass and recomputes more.
+    full = by_key["fsdp=4", "full"]
+    self.assertLess(full.report.temp_bytes, fsdp.report.temp_bytes)
+    self.assertGreater(full.report.xla_flops, fsdp.report.xla_flops)
+    table = sweep.format_table(rows, hardware.memory_name)
+    self.assertEqual(table.splitlines()[1].split()[:3],
+                     ["1", rows[0].layout_text(), rows[0].remat_policy])
+    self.assertIn("invalid: mesh.ici", table)
+
+  def test_rank_puts_fitting_rows_first(self):
+    experiment = tiny_experiment.tiny_experiment(num_layers=1)
+    hardware = topology.make_devices(topology.parse_topology("v5e-1"))
+    [row] = sweep.sweep(experiment, hardware, [sweep.parse_layout("fsdp=1")],
+                        ["none"])
+    report = row.report
+    fast = dataclasses.replace(row, report=dataclasses.replace(
+        report, step_time_s=report.step_time_s / 2))
+    too_big = dataclasses.replace(row, report=dataclasses.replace(
+        report, memory_bytes=report.total_bytes - 1))
+    oom = sweep.SweepRow(row.layout, "none", None, "does not fit",
+                         out_of_memory=True)
+    invalid = sweep.SweepRow(row.layout, "none", None, "bad layout")
+    ranked = sweep.rank([invalid, oom, too_big, row, fast])
+    self.assertEqual(ranked, [fast, row, too_big, oom, invalid])
+    self.assertFalse(too_big.fits)
+
+  def test_bad_layouts_and_policies_are_named(self):
+    with self.assertRaisesRegex(ValueError, r"'fsdp:4' of 'fsdp:4' is not"
+                                r" axis=size"):
+      sweep.parse_layout("fsdp:4")
+    experiment = tiny_experiment.tiny_experiment(num_layers=1)
+    hardware = topology.make_devices(topology.parse_topology("v5e-1"))
+    with self.assertRaisesRegex(ValueError, r"Unknown remat policies"
+                                r" \['fastest'\]; valid: \['none'"):
+      sweep.sweep(experiment, hardware, [sweep.parse_layout("fsdp=1")],
+                  ["fastest"])
+
+  def test_default_layouts_divide_heads_and_devices(self):
+    experiment = tiny_experiment.tiny_experiment()  # 4 heads, 2 kv heads.
+    texts = [",".join(f"{k}={v}" for k, v in layout.items() if v > 1)
+             for layout in sweep.default_layouts(experiment, 8)]
+    self.assertEqual(texts, ["fsdp=8", "fsdp=4,tensor=2", "data=2,fsdp=4",
+                             "data=4,fsdp=2"])
+
+
+if __name__ == "__main__":
+  absltest.main()

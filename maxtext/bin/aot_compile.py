@@ -1,0 +1,111 @@
+r"""Compiles the train step for a TPU slice, GPUs or CPUs, from this machine.
+
+Finds out whether a config fits before you pay for the hardware: builds the
+same mesh, shardings and train step as `train` on the target's devices
+(compile-only TPU devices through libtpu, on a CPU-only host too), compiles
+it, and prints per device the argument, output, temporary and total bytes
+against the device's memory, XLA's FLOPs next to ours, the estimated step
+time and the collectives. Exits with status 1 and says why when the step
+does not fit.
+
+  tools/bazel run //maxtext/bin:aot_compile -- \
+      --config=configs/llama3.py:8b --topology=v5p-8 \
+      --config.mesh.ici.data=1 --config.mesh.ici.fsdp=-1
+
+Topologies: v5e-256, v6e-16 (chips), v4-8, v5p-128 (TensorCores), v5e:2x2,
+v5p:4x4x12 (the chip grid), cpu:8 and gpu:8 (devices per host); --num_slices
+for several slices (the config's mesh.dcn sizes apply) or GPU hosts.
+
+--save=FILE writes the compiled step for `train --compiled=FILE`, which
+refuses a file compiled for another config or topology. --sweep compiles
+several mesh layouts and remat policies and prints them ranked by fit and
+estimated step time.
+"""
+
+import sys
+
+from absl import app
+from absl import flags
+
+from maxtext.aot import compile_step
+from maxtext.aot import saved_step
+from maxtext.aot import sweep as sweep_lib
+from maxtext.aot import topology as topology_lib
+from maxtext.common import cli
+from maxtext.sharding import report as report_lib
+from maxtext.trainers import config_flag
+from maxtext.trainers import workdir as workdir_lib
+from maxtext.trainers.config import ExperimentConfig
+
+_CONFIG = config_flag.define_config_file(
+    "config",
+    "Config file and optional variant, e.g. configs/llama3.py:8b; override"
+    " fields with --config.<section>.<key>=<value>.")
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", None,
+    "Target: v5e-256, v5p-8, v4-8, v6e-16, v5e:2x2, cpu:8, gpu:8, ...")
+_NUM_SLICES = flags.DEFINE_integer(
+    "num_slices", 1, "TPU slices (or GPU hosts) joined by the network.")
+_SAVE = flags.DEFINE_string(
+    "save", None, "Write the compiled step here, for train --compiled.")
+_PARAMETERS = flags.DEFINE_bool(
+    "parameters", False, "Also print the sharding of every parameter.")
+_SWEEP = flags.DEFINE_bool(
+    "sweep", False,
+    "Rank mesh layouts x remat policies instead of compiling the config's.")
+_SWEEP_LAYOUTS = flags.DEFINE_multi_string(
+    "sweep_layout", [],
+    "An ICI layout to sweep, e.g. fsdp=4,tensor=2 (repeat the flag for"
+    " more); default: FSDP, FSDP x tensor, data x FSDP over a slice.")
+_SWEEP_REMAT = flags.DEFINE_list(
+    "sweep_remat", list(sweep_lib.DEFAULT_REMAT_POLICIES),
+    "Remat policies to sweep.")
+
+
+def _sweep(experiment: ExperimentConfig,
+           hardware: topology_lib.Hardware) -> None:
+  layouts = ([sweep_lib.parse_layout(text) for text in _SWEEP_LAYOUTS.value] or
+             sweep_lib.default_layouts(experiment,
+                                       hardware.target.devices_per_slice))
+  rows = sweep_lib.sweep(experiment, hardware, layouts, _SWEEP_REMAT.value)
+  print(sweep_lib.format_table(rows, hardware.memory_name), end="")
+  if not any(row.fits for row in rows):
+    raise compile_step.DoesNotFitError(
+        f"No layout x remat policy fits on {hardware.target.name}."
+        f" {compile_step.FIT_HINT}")
+
+
+def _compile(experiment: ExperimentConfig,
+             hardware: topology_lib.Hardware) -> None:
+  step = compile_step.compile_train_step(experiment, hardware)
+  report = compile_step.analyse(step, experiment)
+  if _PARAMETERS.value:
+    print(report_lib.parameter_table(experiment.model, dict(step.mesh.shape),
+                                     experiment.sharding.param_rules))
+  print(compile_step.format_report(report, step), end="")
+  compile_step.check_fits(report, hardware.target.name)
+  if _SAVE.value:
+    path = workdir_lib.user_path(_SAVE.value)
+    saved_step.save_compiled(path, step, experiment)
+    print(f"Saved the compiled step to {path}.")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  with cli.errors_in_one_line("aot_compile"):
+    target = topology_lib.parse_topology(_TOPOLOGY.value, _NUM_SLICES.value)
+    topology_lib.configure_backend(target)
+    hardware = topology_lib.make_devices(target)
+    experiment = ExperimentConfig.from_config_dict(_CONFIG.value)
+    if _SAVE.value:
+      saved_step.disable_compilation_cache()
+    if _SWEEP.value:
+      _sweep(experiment, hardware)
+    else:
+      _compile(experiment, hardware)
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "topology"])
+  sys.argv = workdir_lib.resolve_config_argv(sys.argv)
+  app.run(main)

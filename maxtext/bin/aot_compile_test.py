@@ -1,0 +1,128 @@
+"""Tests the aot_compile binary: report, fit check, --save (and `train
+--compiled` running the saved step) and --sweep.
+
+Runs `python -m maxtext.bin.aot_compile` as a child process (the config flag
+is parsed once per process). Needs libtpu.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+from absl.testing import absltest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+# llama3's small config, shrunk.
+_TINY = [f"--config={os.path.join(_ROOT, 'configs', 'llama3.py')}",
+         "--config.model.num_layers=1", "--config.model.vocab_size=128",
+         "--config.model.embed_dim=64", "--config.model.mlp_dim=128",
+         "--config.model.head_dim=16", "--config.data.source=synthetic",
+         "--config.data.seq_len=32", "--config.mesh.ici.data=1",
+         "--config.mesh.ici.fsdp=-1"]
+_TIMEOUT_S = 300
+
+
+def _run(*args: str, binary: str = "aot_compile",
+         devices: int | None = None) -> subprocess.CompletedProcess:
+  """Runs `maxtext.bin.<binary>` with the tiny config and `args` (stdout and
+  stderr captured as text), on `devices` fake CPU devices if given."""
+  # The interpreter as this test was started (Bazel's adds -S -P).
+  interpreter = ([sys.executable] + (["-S"] if sys.flags.no_site else []) +
+                 (["-P"] if sys.flags.safe_path else []))
+  env = dict(os.environ)
+  # No forced device count: the binary asks for cpu:N's devices itself.
+  env.pop("XLA_FLAGS", None)
+  if devices:
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  # Under Bazel the stub's PYTHONPATH is inherited; outside, the repo root.
+  env["PYTHONPATH"] = os.pathsep.join(
+      p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+  return subprocess.run(
+      interpreter + ["-m", f"maxtext.bin.{binary}", *_TINY, *args],
+      env=env, cwd=_ROOT, capture_output=True, text=True, timeout=_TIMEOUT_S,
+      check=False)
+
+
+class AotCompileTest(absltest.TestCase):
+
+  def test_tpu_report_with_parameters(self):
+    result = _run("--topology=v5e:2x2", "--parameters")
+    self.assertEqual(result.returncode, 0, result.stderr)
+    out = result.stdout
+    self.assertIn("# llama3: mesh data=1 fsdp=4", out)
+    self.assertIn("Train step on v5e:2x2: 4 x TPU v5 lite, mesh fsdp=4;", out)
+    self.assertRegex(out, r"\ntotal +[\d,]+ +\d+\.\d\d\n")
+    self.assertRegex(out, r"fits: \d+\.\d% of v5e HBM\.")
+    self.assertIn("Collectives: ", out)
+
+  def test_a_step_that_does_not_fit_exits_with_the_reason(self):
+    # One row of 64k tokens per device: the reference attention's float32
+    # scores, 4 heads x 65536 x 65536, are 64 GiB per device, more than a
+    # 1/8 share of this host's memory.
+    result = _run("--topology=cpu:8", "--config.data.seq_len=65536")
+    self.assertEqual(result.returncode, 1)
+    self.assertIn("DOES NOT FIT", result.stdout)
+    self.assertRegex(
+        result.stderr,
+        r"(?m)^aot_compile: error: DoesNotFitError: The train step needs"
+        r" \d+\.\d\d GiB per device on cpu:8, .* more than the \d+\.\d\d GiB"
+        r" of host memory / 8\. Shard the state")
+
+  def test_save_writes_the_step_and_its_fingerprint(self):
+    path = os.path.join(self.create_tempdir().full_path, "step.aot")
+    result = _run("--topology=cpu:8", f"--save={path}")
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn("Train step on cpu:8: 8 x cpu,", result.stdout)
+    self.assertIn(f"Saved the compiled step to {path}.", result.stdout)
+    with zipfile.ZipFile(path) as archive:
+      saved = json.loads(archive.read("fingerprint.json"))
+      self.assertGreater(len(archive.read("executable.bin")), 0)
+    self.assertEqual(saved["topology"]["num_devices"], 8)
+    self.assertEqual(saved["config"]["model"]["num_layers"], 1)
+
+  def test_train_runs_the_saved_step_and_refuses_another_config(self):
+    path = os.path.join(self.create_tempdir().full_path, "step.aot")
+    train = ["--config.train.steps=3", "--config.checkpoint.every_steps=0",
+             "--config.logging.every_steps=1"]
+    result = _run("--topology=cpu:8", f"--save={path}", *train)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    losses = []
+    for extra in ([], [f"--compiled={path}"]):
+      workdir = self.create_tempdir().full_path
+      result = _run(*train, f"--workdir={workdir}", *extra, binary="train",
+                    devices=8)
+      self.assertEqual(result.returncode, 0, result.stderr)
+      with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        losses.append([json.loads(line)["train/loss"] for line in f
+                       if "train/loss" in line])
+    self.assertLen(losses[1], 3)
+    self.assertEqual(losses[1], losses[0])  # The same program, bit for bit.
+
+    result = _run(*train, "--config.train.batch_size=16",
+                  f"--workdir={self.create_tempdir().full_path}",
+                  f"--compiled={path}", binary="train", devices=8)
+    self.assertEqual(result.returncode, 1)
+    self.assertIn("config.train.batch_size: compiled for 8, this run 16",
+                  result.stderr)
+
+  def test_sweep_prints_the_ranked_layouts(self):
+    result = _run("--topology=cpu:8", "--sweep", "--sweep_layout=fsdp=8",
+                  "--sweep_layout=data=2,fsdp=4", "--sweep_remat=none")
+    self.assertEqual(result.returncode, 0, result.stderr)
+    lines = result.stdout.splitlines()
+    self.assertEqual(lines[0].split()[:3], ["rank", "layout", "remat"])
+    self.assertCountEqual([line.split()[1] for line in lines[1:]],
+                          ["fsdp=8", "data=2,fsdp=4"])
+
+  def test_bad_topology_is_one_line(self):
+    result = _run("--topology=v9-8")
+    self.assertEqual(result.returncode, 1)
+    self.assertEqual(result.stderr.splitlines()[-1].split(": unknown")[0],
+                     "aot_compile: error: ValueError: --topology='v9-8'")
+
+
+if __name__ == "__main__":
+  absltest.main()
