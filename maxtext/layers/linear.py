@@ -47,8 +47,15 @@ class Linear(nnx.Module):
     self.dtype = jnp.dtype(dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    y = jnp.tensordot(x.astype(self.dtype), self.kernel[...].astype(self.dtype),
-                      axes=self.num_in)
+    kernel = self.kernel[...]
+    # Cast only when the dtypes differ: a kernel quantized by qwix (QLoRA,
+    # a quantized teacher) is no array and cannot be cast.
+    if kernel.dtype != self.dtype:
+      kernel = kernel.astype(self.dtype)
+    contracting = tuple(range(x.ndim - self.num_in, x.ndim))
+    y = jax.lax.dot_general(x.astype(self.dtype), kernel,
+                            ((contracting, tuple(range(self.num_in))),
+                             ((), ())))
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
     return y

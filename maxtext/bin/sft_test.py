@@ -1,0 +1,106 @@
+"""Tests the sft binary end to end: LoRA SFT from a converted checkpoint to a
+Hugging Face folder that transformers loads with our merged model's logits;
+bad input ends in one line."""
+
+import os
+import sys
+import tempfile
+from unittest import mock
+import warnings
+
+from absl import flags
+from absl.testing import absltest
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers
+
+from maxtext.bin import sft
+from maxtext.checkpoint import params_checkpoint
+from maxtext.metrics import writers
+from maxtext.posttrain import posttrain_testing as pt
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+_TOKENS = [[3, 14, 15, 92, 65, 35, 89, 79, 32, 38]]
+
+
+def _argv(*extra: str) -> list[str]:
+  return [
+      "sft", f"--config={_ROOT}/configs/sft.py:lora", "--load=ckpt",
+      "--workdir=run", "--config.train.steps=6",
+      "--config.data.files=train.jsonl", "--config.data.packing=none",
+      "--config.data.seq_len=16", "--config.data.prefetch=0",
+      "--config.sft.prompt_field=prompt",
+      "--config.sft.completion_field=completion",
+      "--config.data.tokenizer=hf/tokenizer.json",
+      "--config.data.chat_template=template.jinja",
+      "--config.optimizer.learning_rate=0.03",
+      "--config.optimizer.warmup_steps=0", "--config.export.hf=true",
+      "--config.logging.tensorboard=false", *extra]
+
+
+class SftBinaryTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.user_dir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+    pt.write_checkpoint(cls.user_dir)
+    pt.write_jsonl(os.path.join(cls.user_dir, "train.jsonl"),
+                   pt.mapping_records(32))
+    pt.template_file(cls.user_dir)
+    # Override flags can be defined once per process: parse once.
+    with mock.patch.object(sys, "argv", _argv()), warnings.catch_warnings():
+      # ml_collections loads config files with the deprecated load_module.
+      warnings.filterwarnings("ignore", message=".*load_module",
+                              category=DeprecationWarning)
+      cls.argv = flags.FLAGS(_argv())
+
+  def _main(self) -> None:
+    with mock.patch.dict(os.environ,
+                         {"BUILD_WORKING_DIRECTORY": self.user_dir}):
+      sft.main(self.argv)
+
+  def test_lora_sft_exports_what_transformers_loads(self):
+    self._main()
+    run = os.path.join(self.user_dir, "run")
+    metrics = writers.read_jsonl(os.path.join(run, "metrics.jsonl"))
+    self.assertLess(metrics[6]["train/loss"], metrics[1]["train/loss"])
+    ours = params_checkpoint.model_from_params(
+        *params_checkpoint.load_params(os.path.join(run, "export")))
+    want = np.asarray(ours(jnp.asarray(_TOKENS)))
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.join(run, "hf"))
+    original = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.join(self.user_dir, "hf"))
+    with torch.no_grad():
+      got = hf_model(torch.tensor(_TOKENS)).logits.numpy()
+      before = original(torch.tensor(_TOKENS)).logits.numpy()
+    diff = float(np.abs(got - want).max())
+    print(f"sft --config.export.hf: transformers vs ours, max |logit diff| ="
+          f" {diff:.2g}; change from training {np.abs(got - before).max():.3g}")
+    self.assertLess(diff, 1e-4)
+    self.assertGreater(float(np.abs(got - before).max()), 1e-2)
+    self.assertTrue(os.path.isfile(os.path.join(run, "hf", "tokenizer.json")))
+
+  def test_bad_input_ends_in_one_line(self):
+    data = flags.FLAGS.config.data
+    template, data.chat_template = data.chat_template, ""
+    try:
+      with self.assertRaises(SystemExit) as caught:
+        self._main()
+    finally:
+      data.chat_template = template
+    message = caught.exception.code
+    self.assertNotIn("\n", message)
+    self.assertTrue(message.startswith(
+        "sft: error: ValueError: SFT needs data.chat_template"), message)
+
+  def test_extra_arguments_are_rejected(self):
+    with self.assertRaisesRegex(Exception, "Unexpected arguments"):
+      sft.main(["sft", "stray"])
+
+
+if __name__ == "__main__":
+  absltest.main()

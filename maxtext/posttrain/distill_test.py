@@ -1,0 +1,167 @@
+"""Tests distillation: the loss against numpy, the schedules, a cross-family
+run lowers the student's KL to the teacher, and alpha = 0 is plain SFT."""
+
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+import qwix
+
+from maxtext.checkpoint import params_checkpoint
+from maxtext.data import pipeline
+from maxtext.posttrain import base_model
+from maxtext.posttrain import distill
+from maxtext.posttrain import posttrain_testing as pt
+from maxtext.posttrain import sft
+from maxtext.posttrain.config import DistillConfig
+from maxtext.posttrain.config import PosttrainConfig
+
+
+def _log_softmax(x):
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _numpy_kl(teacher, student, mask, temperature=1.0):
+  log_p = _log_softmax(np.asarray(teacher, np.float64) / temperature)
+  log_q = _log_softmax(np.asarray(student, np.float64) / temperature)
+  kl = (np.exp(log_p) * (log_p - log_q)).sum(-1)
+  return (kl * mask).sum() / mask.sum()
+
+
+class LossTest(parameterized.TestCase):
+
+  @parameterized.parameters("cosine", "l2")
+  def test_loss_equals_numpy(self, kind):
+    rng = np.random.default_rng(0)
+    student = {"logits": rng.normal(size=(2, 5, 7)).astype(np.float32),
+               "features": rng.normal(size=(2, 2, 5, 4)).astype(np.float32)}
+    teacher = {"logits": rng.normal(size=(2, 5, 7)).astype(np.float32),
+               "features": rng.normal(size=(2, 2, 5, 4)).astype(np.float32)}
+    targets = rng.integers(0, 7, size=(2, 5))
+    mask = (rng.random((2, 5)) > 0.3).astype(np.int32)
+    config = DistillConfig(teacher="t", temperature=2.0, alpha=0.9,
+                           alpha_end=0.1, alpha_schedule="linear", beta=0.5,
+                           beta_end=0.5, feature_layers=((0, 1), (1, 3)),
+                           feature_loss=kind)
+    strategy = distill.DistillStrategy(config, total_steps=5)
+    step = 2  # alpha = 0.9 - 0.8 * 2 / 4 = 0.5.
+    loss, metrics = strategy.compute_loss(
+        jax.tree.map(jnp.asarray, student), jax.tree.map(jnp.asarray, teacher),
+        {"targets": jnp.asarray(targets), "mask": jnp.asarray(mask),
+         distill.STEP_KEY: jnp.asarray(step)})
+    kl = _numpy_kl(teacher["logits"], student["logits"], mask, 2.0)
+    logp = np.take_along_axis(_log_softmax(student["logits"].astype(
+        np.float64)), targets[..., None], -1)[..., 0]
+    ce = -(logp * mask).sum() / mask.sum()
+    s, t = (x["features"].astype(np.float64) for x in (student, teacher))
+    if kind == "cosine":
+      per_token = 1 - (s * t).sum(-1) / (np.linalg.norm(s, axis=-1) *
+                                         np.linalg.norm(t, axis=-1))
+    else:
+      per_token = ((s - t) ** 2).mean(-1)
+    features = np.mean([(p * mask).sum() / mask.sum() for p in per_token])
+    want = 0.5 * 4.0 * kl + 0.5 * ce + 0.5 * features
+    self.assertAlmostEqual(float(metrics["distill/alpha"]), 0.5, places=6)
+    self.assertAlmostEqual(float(metrics["distill/kl"]), kl, places=5)
+    self.assertAlmostEqual(float(metrics["distill/feature"]), features,
+                           places=5)
+    self.assertAlmostEqual(float(loss), want, places=4)
+
+  def test_schedules(self):
+    values = [float(distill.schedule_value(1.0, 0.0, kind, step, 5))
+              for kind in ("constant", "linear", "cosine") for step in
+              (0, 2, 4)]
+    np.testing.assert_allclose(values, [1, 1, 1, 1, 0.5, 0, 1, 0.5, 0],
+                               atol=1e-6)
+
+
+class DistillRunTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.folder = self.create_tempdir().full_path
+    os.makedirs(os.path.join(self.folder, "teacher"))
+    self.teacher = pt.write_checkpoint(os.path.join(self.folder, "teacher"),
+                                       "llama3", seed=1)
+    self.student = pt.write_checkpoint(self.folder, "qwen3", seed=2)
+    self.train = pt.write_jsonl(os.path.join(self.folder, "train.jsonl"),
+                                pt.mapping_records(32))
+
+  def _config(self, steps):
+    config = pt.distill_test_config(self.folder, self.student, self.teacher,
+                                    steps=steps, train_file=self.train)
+    config.optimizer.learning_rate = 1e-2
+    return config
+
+  def _batch(self, config):
+    data = sft.data_config(PosttrainConfig.from_config_dict(config),
+                           self.folder)
+    batches = pipeline.make_train_pipeline(data, batch_size=8,
+                                           vocab_size=128)
+    batch = next(iter(batches))
+    batches.close()
+    return batch
+
+  def _logits(self, checkpoint, batch):
+    model = params_checkpoint.model_from_params(
+        *params_checkpoint.load_params(checkpoint))
+    return np.asarray(model(jnp.asarray(batch["inputs"]),
+                            jnp.asarray(batch["positions"]),
+                            jnp.asarray(batch["segment_ids"])))
+
+  def test_lowers_the_students_kl_to_the_teacher(self):
+    config = self._config(15)
+    config.distill.alpha = 1.0
+    config.distill.alpha_end = 1.0
+    config.distill.temperature = 1.0
+    result = distill.run(config, os.path.join(self.folder, "work"))
+    batch = self._batch(config)
+    teacher = self._logits(self.teacher, batch)
+    before = _numpy_kl(teacher, self._logits(self.student, batch),
+                       batch["mask"])
+    after = _numpy_kl(teacher, self._logits(result.exported["export"], batch),
+                      batch["mask"])
+    print(f"Distillation (qwen3 student, llama3 teacher): KL {before:.4f} ->"
+          f" {after:.4f}")
+    self.assertLess(after, before / 2)
+
+  def test_alpha_zero_equals_sft(self):
+    config = self._config(3)
+    config.distill.alpha = config.distill.alpha_end = 0.0
+    distilled = distill.run(config, os.path.join(self.folder, "distill"))
+    sft_config = pt.sft_test_config(self.folder, self.student, steps=3,
+                                    train_file=self.train)
+    sft_config.optimizer.learning_rate = 1e-2
+    tuned = sft.run(sft_config, os.path.join(self.folder, "sft"))
+    got, want = (params_checkpoint.load_params(r.exported["export"])[1]
+                 for r in (distilled, tuned))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+
+  def test_quantized_teacher(self):
+    tokens = jnp.asarray([[3, 14, 15, 92, 65, 35]], jnp.int32)
+    float_teacher = base_model.load_model(self.teacher).model
+    int8_teacher = base_model.load_model(self.teacher, quantize="int8").model
+    kernel = int8_teacher.model.blocks[0].attention.query.kernel
+    self.assertIsInstance(kernel.array, qwix.QArray)
+    self.assertEqual(kernel.array.qvalue.dtype, jnp.int8)
+    want, _ = float_teacher(tokens)
+    got, _ = int8_teacher(tokens)
+    diff = float(jnp.abs(got - want).max())
+    print(f"int8 teacher: max |logit diff| = {diff:.3g}")
+    self.assertBetween(diff, 1e-6, 0.1)
+
+  def test_bad_feature_layers_are_named(self):
+    config = self._config(1)
+    config.distill.feature_layers = ((5, 0),)
+    with self.assertRaisesRegex(ValueError,
+                                r"pair \(5, 0\): the student has 2 layers"):
+      distill.run(config, os.path.join(self.folder, "bad"))
+
+
+if __name__ == "__main__":
+  absltest.main()

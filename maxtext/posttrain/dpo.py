@@ -1,0 +1,57 @@
+"""DPO and ORPO on Tunix's `DPOTrainer` (`DPOTrainingConfig(algorithm=...)`).
+
+Run by `//maxtext/bin:sft --config=configs/dpo.py[:orpo]` (one binary for
+every method on one model; distillation, with two models, has its own).
+Preference records come from `maxtext.posttrain.preference_data`. For DPO
+the reference is a frozen copy of the starting model (`dpo.reference =
+"initial"`) or none; ORPO never loads one. Full fine-tuning, LoRA and QLoRA
+work as in SFT (`lora.mode`), and the run ends with the same export.
+
+Metrics (per update, `train/` and `eval/`): loss, rewards/chosen,
+rewards/rejected, rewards/margin, rewards/accuracy (the share of pairs whose
+chosen reward is higher), log_probs/chosen, log_probs/rejected, and for ORPO
+odds_ratio.
+"""
+
+from tunix.sft.dpo import dpo_trainer
+
+from maxtext.posttrain import base_model
+from maxtext.posttrain import preference_data
+from maxtext.posttrain import runtime as runtime_lib
+from maxtext.posttrain.config import PosttrainConfig
+
+
+def run_dpo(config: PosttrainConfig, workdir: str) -> runtime_lib.RunResult:
+  """Preference-tunes `train.load` on `config.data` (method dpo or orpo)."""
+  dpo = config.dpo
+  method = config.train.method
+  runtime = runtime_lib.make_runtime(config)
+  data = config.data
+  rows = config.train.rows
+  pairs = preference_data.load_pairs(data, dpo, files=data.files,
+                                     kind=data.source)
+  eval_batches = None
+  if data.eval_every_steps:
+    eval_batches = preference_data.EvalPreferenceBatches(
+        preference_data.load_pairs(data, dpo, files=data.eval_files,
+                                   kind=data.eval_kind()),
+        rows, data.eval_steps)
+  loaded = base_model.load_model(config.train.load, lora=config.lora,
+                                 seed=config.train.seed, rules=runtime.rules)
+  reference = None
+  if method == "dpo" and dpo.reference == "initial":
+    reference = base_model.load_model(config.train.load,
+                                      rules=runtime.rules).model
+  length = dpo.max_prompt_length + dpo.max_response_length
+  with runtime.activate():
+    trainer = dpo_trainer.DPOTrainer(
+        loaded.model, reference, runtime_lib.make_optimizer(config),
+        runtime_lib.training_config(
+            config, workdir, runtime, length,
+            cls=dpo_trainer.DPOTrainingConfig, algorithm=method,
+            beta=dpo.beta, lambda_orpo=dpo.lambda_orpo,
+            label_smoothing=dpo.label_smoothing))
+    trainer.train(preference_data.PreferenceBatches(pairs, rows,
+                                                    config.train.seed),
+                  eval_batches)
+  return runtime_lib.finish(config, workdir, loaded, trainer)

@@ -1,0 +1,139 @@
+"""Test helper: a tiny converted checkpoint with a word tokenizer, chat data
+and post-training configs built from the real config files.
+
+Test-only (builds the checkpoint from a random `transformers` model).
+"""
+
+import json
+import os
+
+import ml_collections
+import tokenizers
+
+from configs import distill as distill_config
+from configs import dpo as dpo_config
+from configs import sft as sft_config
+from maxtext.checkpoint import hf_convert
+from testing import hf_tiny_models
+
+# Words w0..w{NUM_WORDS-1} have ids 0..; then the template's words.
+NUM_WORDS = 100
+SPECIAL_WORDS = ("<s>", "</s>", "user", "assistant", "system")
+# A chat template whose markup is whitespace-separated words of the
+# tokenizer: "user w1 w2 assistant w3 </s>".
+TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ message['role'] }} {{ message['content'] }} "
+    "{% if message['role'] == 'assistant' %}{{ eos_token }} {% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}assistant {% endif %}")
+
+
+def word(i: int) -> str:
+  return f"w{i}"
+
+
+def write_tokenizer(path: str) -> None:
+  """A word-level tokenizer.json of the words and the template's words."""
+  vocab = {word(i): i for i in range(NUM_WORDS)}
+  vocab.update({w: NUM_WORDS + i for i, w in enumerate(SPECIAL_WORDS)})
+  tokenizer = tokenizers.Tokenizer(
+      tokenizers.models.WordLevel(vocab, unk_token=word(0)))
+  tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  tokenizer.save(path)
+
+
+def write_checkpoint(folder: str, family: str = "llama3", seed: int = 0
+                     ) -> str:
+  """A converted checkpoint (scanned layout) of a tiny random `family`
+  model with the word tokenizer, and its Hugging Face folder; returns the
+  checkpoint folder (`<folder>/ckpt`, the HF one is `<folder>/hf`)."""
+  hf_dir = os.path.join(folder, "hf")
+  hf_tiny_models.tiny_hf_model(family, seed=seed).save_pretrained(hf_dir)
+  write_tokenizer(os.path.join(hf_dir, "tokenizer.json"))
+  out = os.path.join(folder, "ckpt")
+  hf_convert.hf_to_orbax(hf_dir, out)
+  return out
+
+
+def write_jsonl(path: str, records) -> str:
+  with open(path, "w", encoding="utf-8") as f:
+    for record in records:
+      f.write(json.dumps(record) + "\n")
+  return path
+
+
+def mapping_records(count: int, offset: int = 0) -> list[dict[str, str]]:
+  """Prompt/completion records of a fixed mapping: "w{a} w{b}" -> "w{c}"
+  with c a function of (a, b)."""
+  records = []
+  for i in range(offset, offset + count):
+    a, b = i % 10, 10 + (i * 7) % 10
+    records.append({"prompt": f"{word(a)} {word(b)}",
+                    "completion": word(20 + (a * 3 + b) % 30)})
+  return records
+
+
+def template_file(folder: str) -> str:
+  path = os.path.join(folder, "template.jinja")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(TEMPLATE)
+  return path
+
+
+def _common(config: ml_collections.ConfigDict, folder: str, load: str,
+            steps: int) -> ml_collections.ConfigDict:
+  config.train.load = load
+  config.train.steps = steps
+  config.data.tokenizer = os.path.join(os.path.dirname(load), "hf",
+                                       "tokenizer.json")
+  config.data.chat_template = template_file(folder)
+  config.data.seq_len = 16
+  config.data.prefetch = 0
+  config.logging.tensorboard = False
+  return config
+
+
+def sft_test_config(folder: str, load: str, *, steps: int, train_file: str,
+                    **lora) -> ml_collections.ConfigDict:
+  """`configs/sft.py` on `train_file` (prompt/completion JSONL), packing
+  "none" (one record per row), batch 8."""
+  config = _common(sft_config.get_config(), folder, load, steps)
+  config.data.source = "jsonl"
+  config.data.files = train_file
+  config.data.packing = "none"
+  config.sft.prompt_field = "prompt"
+  config.sft.completion_field = "completion"
+  config.train.batch_size = 8
+  config.optimizer.warmup_steps = 0
+  config.lora.update(lora)
+  return config
+
+
+def dpo_test_config(folder: str, load: str, *, steps: int, train_file: str,
+                    method: str) -> ml_collections.ConfigDict:
+  """`configs/dpo.py` on `train_file` (prompt/chosen/rejected JSONL)."""
+  config = _common(dpo_config.get_config(), folder, load, steps)
+  config.train.method = method
+  config.data.source = "jsonl"
+  config.data.files = train_file
+  config.dpo.max_prompt_length = 4
+  config.dpo.max_response_length = 4
+  config.train.batch_size = 8
+  config.optimizer.warmup_steps = 0
+  return config
+
+
+def distill_test_config(folder: str, load: str, teacher: str, *, steps: int,
+                        train_file: str) -> ml_collections.ConfigDict:
+  """`configs/distill.py` on `train_file` (prompt/completion JSONL)."""
+  config = _common(distill_config.get_config(), folder, load, steps)
+  config.distill.teacher = teacher
+  config.data.source = "jsonl"
+  config.data.files = train_file
+  config.data.packing = "none"
+  config.sft.prompt_field = "prompt"
+  config.sft.completion_field = "completion"
+  config.train.batch_size = 8
+  config.optimizer.warmup_steps = 0
+  return config

@@ -1,0 +1,204 @@
+"""What every post-training run shares: mesh, Tunix trainer settings,
+metrics, the optimizer, and the run's start and end.
+
+Tunix reads the mesh from the legacy `with mesh:` context, our code from
+`jax.set_mesh`; `Runtime.activate()` enters both. Tunix's metrics
+(`jax.monitoring` events "<prefix>/<mode>/<name>") are written through our
+writers (`maxtext.metrics.writers`: the log, <workdir>/metrics.jsonl and
+TensorBoard) as `train/<name>` and `eval/<name>`, one line per update.
+"""
+
+from collections.abc import Iterator
+import contextlib
+import dataclasses
+import os
+from typing import Any
+
+from absl import logging
+import jax
+import ml_collections
+import optax
+import orbax.checkpoint as ocp
+from tunix.sft import metrics_logger as tunix_metrics
+from tunix.sft import peft_trainer
+
+from maxtext.data import chat_template as chat_lib
+from maxtext.metrics import writers as writers_lib
+from maxtext.optim import optimizer as optimizer_lib
+from maxtext.posttrain import base_model
+from maxtext.posttrain.config import PosttrainConfig
+from maxtext.sharding import mesh as mesh_lib
+from maxtext.sharding import rules as rules_lib
+from maxtext.trainers import workdir as workdir_lib
+
+TUNIX_CHECKPOINT_DIRNAME = "tunix_checkpoints"
+# Prefixes of the metric names Tunix logs (metrics_prefix "").
+_MODES = ("train/", "eval/")
+
+
+class MetricsBackend:
+  """A Tunix logging backend writing to our metric writers.
+
+  Tunix registers it as a `jax.monitoring` scalar listener, which also hears
+  other libraries' scalars (Orbax I/O); only Tunix's "/train/..." and
+  "/eval/..." events are written. Closing it unregisters it.
+  """
+
+  def __init__(self, writer: writers_lib.MetricWriter):
+    self.writer = writer
+    self._step = None
+    self._metrics: dict[str, float] = {}
+
+  def log_scalar(self, event: str, value: Any, *, step: int | None = None,
+                 **kwargs) -> None:
+    del kwargs
+    name = event.lstrip("/")
+    if not name.startswith(_MODES) or step is None:
+      return
+    if step != self._step:
+      self._flush()
+      self._step = step
+    self._metrics[name] = float(value)
+
+  def _flush(self) -> None:
+    if self._metrics:
+      self.writer.write(int(self._step), self._metrics)
+    self._metrics = {}
+
+  def close(self) -> None:
+    self._flush()
+    self.writer.close()
+    try:
+      jax.monitoring.unregister_scalar_listener(self.log_scalar)
+    except (AssertionError, ValueError):
+      pass  # Already cleared (Tunix clears all listeners after closing us).
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+  """What a post-training run returns.
+
+  Attributes:
+    exported: {"export"|"hf"|"peft_adapter": folder} written at the end.
+    trainer: The Tunix trainer after training (its metrics logger holds the
+      metric history).
+    model: The trained model.
+  """
+
+  exported: dict[str, str]
+  trainer: Any
+  model: base_model.LoadedModel
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+  """The devices of a run.
+
+  Attributes:
+    mesh: The device mesh.
+    rules: Parameter and compute layouts on it.
+  """
+
+  mesh: jax.sharding.Mesh
+  rules: rules_lib.LogicalRules
+
+  @contextlib.contextmanager
+  def activate(self) -> Iterator[None]:
+    with self.mesh, jax.set_mesh(self.mesh):
+      yield
+
+  def data_axes(self, rows: int, length: int) -> tuple[Any, ...]:
+    """Tunix's `data_sharding_axis` for [rows, length] inputs."""
+    return tuple(self.rules.batch_sharding((rows, length)).spec)
+
+
+def make_runtime(config: PosttrainConfig) -> Runtime:
+  """The mesh and rules of `config`.
+
+  Raises:
+    ValueError: the mesh does not fit the devices, or a microbatch does not
+      split over the batch shards.
+  """
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = rules_lib.LogicalRules.from_config(mesh, config.sharding)
+  if config.train.rows % rules.batch_shards():
+    raise ValueError(
+        f"train.batch_size / train.microbatches = {config.train.rows} rows"
+        f" must divide over the {rules.batch_shards()} batch shards of the"
+        " mesh.")
+  return Runtime(mesh=mesh, rules=rules)
+
+
+def make_optimizer(config: PosttrainConfig) -> optax.GradientTransformation:
+  """AdamW with the schedule of `config.optimizer` over `train.steps`."""
+  return optimizer_lib.make_optimizer(config.optimizer, config.train.steps)
+
+
+def training_config(config: PosttrainConfig, workdir: str,
+                    runtime: Runtime, length: int,
+                    cls: type[Any] = peft_trainer.TrainingConfig,
+                    **fields) -> Any:
+  """Tunix's training config (`cls`, a `peft_trainer.TrainingConfig`) of a
+  run: steps, accumulation, evaluation, checkpoints and metrics."""
+  train = config.train
+  writer = writers_lib.make_writers(
+      workdir, tensorboard=config.logging.tensorboard,
+      is_main_process=jax.process_index() == 0)
+  metrics = tunix_metrics.MetricsLoggerOptions(
+      log_dir=workdir,
+      backend_kwargs={"custom_backend": [lambda: MetricsBackend(writer)]})
+  every = train.checkpoint_every_steps or train.steps
+  return cls(
+      eval_every_n_steps=config.data.eval_every_steps or train.steps + 1,
+      max_steps=train.steps,
+      gradient_accumulation_steps=(
+          train.microbatches if train.microbatches > 1 else None),
+      checkpoint_root_directory=os.path.join(workdir,
+                                             TUNIX_CHECKPOINT_DIRNAME),
+      checkpointing_options=ocp.CheckpointManagerOptions(
+          save_interval_steps=every, max_to_keep=train.max_checkpoints),
+      metrics_logging_options=metrics,
+      data_sharding_axis=runtime.data_axes(train.rows, length),
+      pbar_description=None,
+      **fields)
+
+
+def resolve_user_paths(config: ml_collections.ConfigDict) -> None:
+  """Resolves the paths a user typed in `config` (checkpoints, data files,
+  tokenizer, a chat template file) against the directory the command ran
+  from (`workdir_lib.user_path`), in place."""
+  def patterns(value: str) -> str:
+    return ",".join(workdir_lib.user_path(p.strip())
+                    for p in value.split(",") if p.strip())
+
+  config.train.load = config.train.load and workdir_lib.user_path(
+      config.train.load)
+  if "distill" in config and config.distill.teacher:
+    config.distill.teacher = workdir_lib.user_path(config.distill.teacher)
+  data = config.data
+  data.files = patterns(data.files)
+  data.eval_files = patterns(data.eval_files)
+  data.tokenizer = data.tokenizer and workdir_lib.user_path(data.tokenizer)
+  if data.chat_template and data.chat_template not in chat_lib.TEMPLATES:
+    data.chat_template = workdir_lib.user_path(data.chat_template)
+
+
+def start(config: ml_collections.ConfigDict, workdir: str
+          ) -> tuple[PosttrainConfig, str]:
+  """Validates `config` and writes it to the (absolute) workdir."""
+  posttrain = PosttrainConfig.from_config_dict(config)
+  workdir = os.path.abspath(workdir)
+  if jax.process_index() == 0:
+    workdir_lib.write_config(workdir, config.to_dict(), step=0)
+  return posttrain, workdir
+
+
+def finish(config: PosttrainConfig, workdir: str,
+           loaded: base_model.LoadedModel, trainer: Any) -> RunResult:
+  """Exports the trained model as `config.export` asks (outside the mesh
+  context: building abstract models reads logical axis names)."""
+  exported = base_model.export(
+      workdir, loaded, config.lora, merged=config.export.merged,
+      hf=config.export.hf, peft_adapter=config.export.peft_adapter,
+      tokenizer=config.data.tokenizer)
+  return RunResult(exported=exported, trainer=trainer, model=loaded)

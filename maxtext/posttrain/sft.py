@@ -1,0 +1,174 @@
+"""Supervised fine-tuning on Tunix's `PeftTrainer`: full, LoRA or QLoRA.
+
+`run(config, workdir)` is what `//maxtext/bin:sft` runs; it dispatches on
+`train.method`: "sft" here, "dpo"/"orpo" to `maxtext.posttrain.dpo`.
+
+SFT data comes from our pipeline (`maxtext.data.pipeline`): chat records
+(`messages` in `data.text_field`, JSONL/Parquet/Arrow/ArrayRecord) rendered
+by `data.chat_template` with loss weight on the assistant turns only, packed
+(`data.packing`) into rows with segment ids and positions, and an eval split
+(`data.eval_files` every `data.eval_every_steps` updates). Records with a
+prompt and a completion column (`sft.prompt_field`, `sft.completion_field`)
+are first written as conversations (a user turn and an assistant turn) to
+<workdir>/sft_data/ and read from there.
+
+The loss is the masked mean next-token cross-entropy of
+`maxtext.trainers.train_step.cross_entropy` over the rows' `mask` (1 on
+assistant tokens of the same segment). With `train.microbatches = M`, each
+update averages the gradients of M slices of `batch_size / M` rows (Tunix's
+`optax.MultiSteps`): the mean of the slices' masked means, which equals the
+whole batch's mean when the slices hold as many target tokens.
+
+Only the adapters train under LoRA/QLoRA (`lora.mode`); every parameter
+under "full". The run ends by exporting the model (`maxtext.posttrain
+.base_model.export`): adapters merged into the base weights.
+
+Shapes: B batch, L length, V vocab.
+"""
+
+from collections.abc import Iterator
+import dataclasses
+import json
+import os
+
+from absl import logging
+import jax
+import ml_collections
+import numpy as np
+from tunix.sft import peft_trainer
+
+from maxtext.data import pipeline
+from maxtext.posttrain import base_model
+from maxtext.posttrain import dpo
+from maxtext.posttrain import rows as rows_lib
+from maxtext.posttrain import runtime as runtime_lib
+from maxtext.posttrain.config import PosttrainConfig
+from maxtext.trainers import train_step
+
+SFT_DATA_DIRNAME = "sft_data"
+MESSAGES_FIELD = "messages"
+
+
+def sft_loss(model, inputs: jax.Array, targets: jax.Array, mask: jax.Array,
+             segment_ids: jax.Array | None = None,
+             positions: jax.Array | None = None) -> jax.Array:
+  """Masked mean cross-entropy of the adapted `model` on one batch [B, L]."""
+  logits_BLV, _ = model(inputs, positions, segment_ids=segment_ids)
+  loss, _ = train_step.cross_entropy(logits_BLV, targets, mask)
+  return loss
+
+
+def _write_conversations(kind: str, files: str, prompt_field: str,
+                         completion_field: str, path: str) -> int:
+  """Writes prompt/completion records as JSONL conversations; returns the
+  number of records."""
+  count = 0
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    for row in rows_lib.read_rows(kind, files, (prompt_field,
+                                                completion_field)):
+      messages = [{"role": "user", "content": row[prompt_field]},
+                  {"role": "assistant", "content": row[completion_field]}]
+      f.write(json.dumps({MESSAGES_FIELD: messages}, ensure_ascii=False))
+      f.write("\n")
+      count += 1
+  os.replace(path + ".tmp", path)
+  return count
+
+
+def data_config(config: PosttrainConfig,
+                workdir: str) -> pipeline.DataConfig:
+  """The data section the pipeline reads: `config.data`, or with
+  prompt/completion records, conversations written to the workdir.
+
+  Raises:
+    ValueError: no chat template is set, or the data source is a mixture
+      or synthetic with prompt/completion fields.
+  """
+  data = config.data
+  if not data.chat_template:
+    raise ValueError("SFT needs data.chat_template (e.g. 'chatml', a .jinja"
+                     " file or a tokenizer_config.json): the loss counts the"
+                     " assistant turns it marks.")
+  sft = config.sft
+  if not sft.prompt_field:
+    return data
+  if data.source not in ("jsonl", "parquet", "arrayrecord", "arrow"):
+    raise ValueError(
+        f"sft.prompt_field needs a file source with named fields, not"
+        f" data.source={data.source!r}.")
+  folder = os.path.join(workdir, SFT_DATA_DIRNAME)
+  changes = dict(source="jsonl", text_field=MESSAGES_FIELD,
+                 files=os.path.join(folder, "train.jsonl"))
+  count = _write_conversations(data.source, data.files, sft.prompt_field,
+                               sft.completion_field, changes["files"])
+  logging.info("Wrote %d prompt/completion records as conversations to %s.",
+               count, changes["files"])
+  if data.eval_files:
+    changes.update(eval_source="jsonl",
+                   eval_files=os.path.join(folder, "eval.jsonl"))
+    _write_conversations(data.eval_kind(), data.eval_files, sft.prompt_field,
+                         sft.completion_field, changes["eval_files"])
+  # `mixture` is stored as (name, component) pairs; replace wants a mapping.
+  return dataclasses.replace(data, mixture=dict(data.mixture), **changes)
+
+
+def model_batches(batches) -> Iterator[dict[str, np.ndarray]]:
+  for batch in batches:
+    yield {key: batch[key] for key in pipeline.MODEL_KEYS}
+
+
+class EvalBatches:
+  """The eval split, read afresh by each evaluation."""
+
+  def __init__(self, data: pipeline.DataConfig, rows: int, vocab_size: int):
+    self.data = data
+    self.rows = rows
+    self.vocab_size = vocab_size
+
+  def __iter__(self):
+    return model_batches(pipeline.eval_batches(
+        self.data, batch_size=self.rows, vocab_size=self.vocab_size))
+
+
+def run_sft(config: PosttrainConfig,
+            workdir: str) -> runtime_lib.RunResult:
+  """Fine-tunes `train.load` on `config.data`."""
+  runtime = runtime_lib.make_runtime(config)
+  data = data_config(config, workdir)
+  rows = config.train.rows
+  loaded = base_model.load_model(config.train.load, lora=config.lora,
+                                 seed=config.train.seed, rules=runtime.rules)
+  vocab_size = loaded.cfg.vocab_size
+  with runtime.activate():
+    train_data = pipeline.make_train_pipeline(
+        data, batch_size=rows, vocab_size=vocab_size)
+    trainer = peft_trainer.PeftTrainer(
+        loaded.model, runtime_lib.make_optimizer(config),
+        runtime_lib.training_config(config, workdir, runtime, data.seq_len))
+    trainer.with_loss_fn(sft_loss)
+    eval_data = (EvalBatches(data, rows, vocab_size)
+                 if data.eval_every_steps else None)
+    try:
+      trainer.train(model_batches(train_data), eval_data)
+    finally:
+      train_data.close()
+  return runtime_lib.finish(config, workdir, loaded, trainer)
+
+
+def run(config: ml_collections.ConfigDict,
+        workdir: str) -> runtime_lib.RunResult:
+  """Runs `train.method` "sft", "dpo" or "orpo" of `config` in `workdir`.
+
+  Raises:
+    ValueError: the config is invalid (names the key), or its method is
+      "distill" (//maxtext/bin:distill runs that).
+  """
+  posttrain, workdir = runtime_lib.start(config, workdir)
+  method = posttrain.train.method
+  if method == "sft":
+    return run_sft(posttrain, workdir)
+  if method in ("dpo", "orpo"):
+    return dpo.run_dpo(posttrain, workdir)
+  raise ValueError(f"train.method={method!r} is run by //maxtext/bin:distill,"
+                   " not sft.")
