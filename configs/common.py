@@ -53,9 +53,37 @@ def model_defaults() -> ml_collections.ConfigDict:
       final_logit_softcap=0.0,
       mlp_activation="silu",
       # Recomputation in the backward pass of each block: "none", "full",
-      # "minimal", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj" or
-      # "nothing_saveable" (maxtext.layers.remat).
+      # "minimal", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj",
+      # "nothing_saveable" or "custom" (maxtext.layers.remat).
       remat_policy="none",
+      # remat_policy="custom": (activation name, "keep" | "offload") pairs;
+      # unlisted activations are recomputed; offload saves to host memory.
+      # Names: query_proj, key_proj, value_proj, attention_context, out_proj,
+      # mlp_gate, mlp_up, mlp_hidden, mlp_out. E.g.
+      #   --config.model.remat_custom='(("mlp_hidden", "offload"),)'
+      remat_custom=(),
+      # Pipeline stages; base_config() ties it to the `stage` mesh axis.
+      pipeline_stages=1,
+      # Batch slices flowing through the pipeline; 0: one per stage.
+      pipeline_microbatches=0,
+      # Mixture of experts (maxtext.layers.moe); num_experts=0: dense MLPs.
+      num_experts=0,
+      num_experts_per_token=1,
+      moe_mlp_dim=0,  # Hidden width of one (routed or shared) expert.
+      num_shared_experts=0,
+      first_dense_layers=0,  # Leading layers with a dense MLP of mlp_dim.
+      router_score="softmax",  # Or "sigmoid" (DeepSeek-V3).
+      router_normalize=True,  # Chosen weights divided by their sum.
+      router_bias=False,  # DeepSeek's selection bias (no gradient).
+      routed_scaling_factor=1.0,
+      num_expert_groups=1,  # Group-limited routing (DeepSeek-V3); 1: off.
+      expert_groups_per_token=1,
+      # "dropless" (ragged_dot), "capacity" (drops past capacity_factor) or
+      # "dense" (every expert on every token: the reference).
+      moe_impl="dropless",
+      capacity_factor=1.25,
+      load_balance_loss_weight=0.0,  # Auxiliary load-balancing loss.
+      router_z_loss_weight=0.0,
   ))
 
 
@@ -111,9 +139,13 @@ def mesh_axes(**sizes: int) -> ml_collections.ConfigDict:
 #   mlp       MLP hidden: tensor, then fsdp_transpose.
 #   heads, kv_heads: tensor parallel (kv_heads falls back to replicated when
 #             there are fewer key/value heads than tensor devices).
-#   head_dim  replicated. layers: replicated (a stage axis would go here).
+#   head_dim  replicated.
+#   layers    the stacked layers of scan_layers: split into pipeline stages.
+#   experts   the expert dim of expert weights: expert parallel (their embed
+#             dim then falls back to fsdp alone).
 PARAM_RULES = (
     ("vocab", ("tensor",)),
+    ("experts", ("expert",)),
     ("embed", ("fsdp", "sequence", "expert")),
     ("embed", ("fsdp",)),
     ("mlp", ("tensor", "fsdp_transpose")),
@@ -121,7 +153,7 @@ PARAM_RULES = (
     ("heads", ("tensor",)),
     ("kv_heads", ("tensor",)),
     ("head_dim", ()),
-    ("layers", ()),
+    ("layers", ("stage",)),
 )
 
 # The compute layout of activations, same semantics.
@@ -130,8 +162,12 @@ PARAM_RULES = (
 #             gathered whole, so attention sees every key).
 #   embed     the residual stream is replicated over tensor.
 #   heads, kv_heads, mlp, vocab: tensor parallel.
+#   stage     the pipeline's buffer of one microbatch per stage.
+#   experts   tokens dispatched to experts (capacity path): each expert's
+#             slots live with its weights, so dispatch is an all-to-all.
 COMPUTE_RULES = (
     ("batch", ("data", "fsdp", "fsdp_transpose", "expert")),
+    ("experts", ("expert",)),
     ("length", ("sequence",)),
     ("kv_length", ()),
     ("embed", ()),
@@ -140,13 +176,21 @@ COMPUTE_RULES = (
     ("head_dim", ()),
     ("mlp", ("tensor",)),
     ("vocab", ("tensor",)),
+    ("stage", ("stage",)),
 )
 
 
 def sharding_defaults() -> ml_collections.ConfigDict:
-  """The `sharding` section: the parameter and compute rule tables."""
-  return ml_collections.ConfigDict(dict(param_rules=PARAM_RULES,
-                                        compute_rules=COMPUTE_RULES))
+  """The `sharding` section: the rule tables and optimizer-state layout."""
+  return ml_collections.ConfigDict(dict(
+      param_rules=PARAM_RULES,
+      compute_rules=COMPUTE_RULES,
+      # ZeRO-1: the optimizer state is also split over the `data` axis.
+      zero1=False,
+      # Keep the optimizer state in host memory ("pinned_host") between
+      # steps; an error on backends without it.
+      offload_optimizer_state=False,
+  ))
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -156,18 +200,61 @@ def base_config() -> ml_collections.ConfigDict:
   config.model = model_defaults()
 
   config.data = ml_collections.ConfigDict()
-  # 'text' reads plain-text files and tokenizes them; 'synthetic' makes
-  # random tokens (for benchmarks).
+  # Where records come from: 'text' (plain text files), 'jsonl', 'parquet',
+  # 'arrayrecord' (records of JSON objects), 'arrow' (Hugging Face datasets
+  # saved with save_to_disk; files are its folders), 'synthetic' (random
+  # tokens, for benchmarks) or 'mixture' (the components of data.mixture).
   config.data.source = "text"
-  # Glob patterns of UTF-8 text files. Empty means the bundled Shakespeare.
-  config.data.text_files = ""
-  # SentencePiece `.model` or Hugging Face `tokenizer.json`. Empty means the
-  # bundled Mistral v1 SentencePiece tokenizer.
+  # Comma-separated glob patterns. Empty with 'text' means the bundled
+  # Shakespeare.
+  config.data.files = ""
+  # Field of JSON/Parquet/Arrow records that holds the text (or, with a chat
+  # template, the list of {"role", "content"} messages).
+  config.data.text_field = "text"
+  # Records of plain text files: 'file', 'paragraph' (runs of non-blank
+  # lines) or 'line' (non-blank lines).
+  config.data.text_unit = "paragraph"
+  # With source 'mixture': name -> {source, files, weight[, text_field]},
+  # e.g. {"web": {"source": "jsonl", "files": "/d/web/*.jsonl",
+  # "weight": 0.7}, "code": {"source": "parquet", "files": "/d/code/*",
+  # "weight": 0.3}}. Each component is shuffled with its own seed.
+  config.data.mixture = ml_collections.ConfigDict()
+  # SentencePiece `.model`, Hugging Face `tokenizer.json`, or tiktoken
+  # `.tiktoken` (or Llama 3's tiktoken-format `tokenizer.model`). Empty means
+  # the bundled Mistral v1 SentencePiece tokenizer.
   config.data.tokenizer = ""
+  # Wrap each plain-text document in BOS / EOS where the vocabulary has them.
+  config.data.add_bos = True
+  config.data.add_eos = True
+  # Post-training: a built-in chat template ('chatml', 'llama3', 'gemma',
+  # 'mistral'), a .jinja file or a tokenizer_config.json. Records then hold
+  # conversations and only assistant turns count in the loss. Empty: text.
+  config.data.chat_template = ""
+  # Documents -> rows: 'concat' (concatenate and split), 'first_fit' (bin
+  # packing, documents not cut) or 'none' (one document per row, truncated).
+  # Each document is its own segment: attention never crosses documents.
+  config.data.packing = "concat"
   # Sized with train.batch_size so that the default small models train on a
   # 2-core CPU in a few minutes; real runs override both.
   config.data.seq_len = 128
   config.data.shuffle_seed = 0
+  # Worker processes that read and tokenize records (0: threads of the
+  # training process). Changing it keeps resumption exact.
+  config.data.num_workers = 0
+  # Batches prepared ahead by a background thread.
+  config.data.prefetch = 4
+  # Bad records (invalid JSON or UTF-8, wrong field type, empty, larger than
+  # max_document_bytes) are counted and skipped with a warning naming their
+  # file and line; strict stops the run at the first one.
+  config.data.strict = False
+  config.data.max_document_bytes = 4 * 2**20
+  # Evaluation: every eval_every_steps updates (0: off), eval_steps batches
+  # of eval_files (read as eval_source, or as source when empty) give
+  # eval/loss and eval/perplexity.
+  config.data.eval_source = ""
+  config.data.eval_files = ""
+  config.data.eval_every_steps = 0
+  config.data.eval_steps = 10
 
   config.optimizer = ml_collections.ConfigDict()
   # Peak learning rate, reached after warmup_steps updates; then cosine decay
@@ -191,27 +278,52 @@ def base_config() -> ml_collections.ConfigDict:
   config.train.seed = 0  # Parameter initialisation.
   # Gradient accumulation: each update runs the batch in this many slices.
   config.train.microbatches = 1
+  # Bad updates. False: a NaN/inf loss or gradient norm stops the run naming
+  # the step; True: that update is skipped (parameters and optimizer state
+  # unchanged) and counted in train/skipped_steps.
+  config.train.skip_nonfinite = False
+  # Also skip updates whose loss or gradient norm is more than spike_zscore
+  # standard deviations above the mean of the last spike_window applied
+  # updates (once that many were applied); 0 is off.
+  config.train.spike_zscore = 0.0
+  config.train.spike_window = 100
 
   config.mesh = ml_collections.ConfigDict()
   # Devices per mesh axis within a slice (ici) and slices per axis (dcn); the
   # mesh axis is their product. -1 takes the rest, at most once per kind.
   # data: data parallel; fsdp, fsdp_transpose: parameters sharded too;
   # sequence: activations split along length; tensor: heads/MLP/vocab split;
-  # expert: one more batch axis until MoE lands; stage: pipeline (not
-  # implemented, must be 1). E.g. 8 devices as 2x2x2 fsdp/tensor/sequence:
+  # expert: a batch axis that also splits the experts of MoE layers
+  # (expert parallelism); stage: pipeline stages
+  # (model.pipeline_stages follows it; not -1). E.g. 8 devices as 2x2x2
+  # fsdp/tensor/sequence:
   #   --config.mesh.ici.data=1 --config.mesh.ici.fsdp=2
   #   --config.mesh.ici.tensor=2 --config.mesh.ici.sequence=2
   config.mesh.ici = mesh_axes(data=-1)
   config.mesh.dcn = mesh_axes()
+  config.model.pipeline_stages = (config.mesh.ici.get_ref("stage") *
+                                  config.mesh.dcn.get_ref("stage"))
 
   config.sharding = sharding_defaults()
 
   config.checkpoint = ml_collections.ConfigDict()
-  # Saved in <workdir>/checkpoints every every_steps updates and at the end;
-  # a rerun with the same workdir resumes from the latest.
+  # Persistent tier: <workdir>/checkpoints, every every_steps updates (0: only
+  # at the end), also every every_minutes minutes (0: off), at the end and on
+  # SIGTERM (preemption). A rerun with the same workdir resumes from the
+  # newest checkpoint of either tier that passes its checksum manifest.
   config.checkpoint.every_steps = 50
+  config.checkpoint.every_minutes = 0.0
   config.checkpoint.max_to_keep = 3
+  # Files are written in the background while training goes on.
   config.checkpoint.async_save = True
+  # Local tier: a fast folder (local SSD, RAM disk) saved every
+  # local_every_steps updates, keeping the newest local_max_to_keep; it
+  # bounds what a crash loses. local_dir is relative to the workdir and must
+  # stay inside it (a symlink there may point to e.g. /dev/shm/<run>); ""
+  # turns the tier off. It must be visible to every process of the run.
+  config.checkpoint.local_dir = ""
+  config.checkpoint.local_every_steps = 0
+  config.checkpoint.local_max_to_keep = 2
 
   config.logging = ml_collections.ConfigDict()
   # Metrics go to the log, <workdir>/metrics.jsonl and, with tensorboard,

@@ -15,6 +15,7 @@ from configs import gemma2
 from configs import gemma3
 from configs import mistral
 from maxtext.common.model_config import ModelConfig
+from maxtext.data.pipeline import DataConfig
 from ml_collections import config_flags
 
 from testing import tiny_configs
@@ -124,6 +125,21 @@ class ConfigsTest(parameterized.TestCase):
       elif isinstance(node, ast.ImportFrom):
         imports.update(f"{node.module}.{alias.name}" for alias in node.names)
     self.assertEqual(imports, {"ml_collections", "configs.common"})
+
+  def test_data_section_builds_and_takes_a_mixture(self):
+    config = gemma3.get_config()
+    data = DataConfig(**config.data.to_dict())
+    self.assertEqual((data.source, data.packing), ("text", "concat"))
+    config.data.source = "mixture"
+    config.data.mixture = {
+        "web": {"source": "jsonl", "files": "/d/web/*.jsonl", "weight": 3.0},
+        "code": {"source": "parquet", "files": "/d/code/*", "weight": 1.0,
+                 "text_field": "content"}}
+    data = DataConfig(**config.data.to_dict())
+    self.assertEqual([(name, c.source, c.weight, c.text_field)
+                      for name, c in data.components()],
+                     [("code", "parquet", 1.0, "content"),
+                      ("web", "jsonl", 3.0, "")])
 
 
 if __name__ == "__main__":

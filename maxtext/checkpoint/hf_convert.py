@@ -51,8 +51,9 @@ from maxtext.models import registry
 HF_CONFIG_FILENAME = "config.json"
 # The original config.json, kept in a converted checkpoint.
 ORIGINAL_HF_CONFIG_FILENAME = "hf_config.json"
+# chat_template.jinja: where transformers 5 keeps the chat template.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
-                   "special_tokens_map.json")
+                   "special_tokens_map.json", "chat_template.jinja")
 # Copied through both ways with the tokenizer.
 EXTRA_FILES = TOKENIZER_FILES + ("generation_config.json",)
 # Keys of the original config.json carried over to an exported one.

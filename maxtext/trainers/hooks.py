@@ -9,6 +9,8 @@ from typing import Any
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
+import numpy as np
 
 from maxtext.checkpoint import manager as checkpoint_lib
 from maxtext.metrics import writers as writers_lib
@@ -80,6 +82,9 @@ class MetricsHook(loop.Hook):
     out.update(self.throughput.metrics(step_time))
     out["perf/eta_s"] = step_time * (self.total_steps - step)
     self.writer.write(step, out)
+    # Whole lines reach the file at once: a killed run leaves no partial line
+    # for the resumed run to append to.
+    self.writer.flush()
     self.last_metrics = out
 
   def on_end(self, step: int, state: Any) -> None:
@@ -95,17 +100,46 @@ class CheckpointHook(loop.Hook):
   The data state saved with it is `data_state()` (the input pipeline's
   position after the batches consumed so far, a JSON-able dict) plus
   "next_step", the number of updates done.
+
+  With `every_seconds > 0` it also saves after an update when that long has
+  passed since its previous save (or the start); with several processes,
+  process 0's clock decides for all (a one-scalar broadcast per update).
+  With `save_at_end=False` (a local tier) the end of the run saves nothing.
   """
 
   def __init__(self, checkpointer: checkpoint_lib.Checkpointer, *, every: int,
-               data_state: Callable[[], Mapping[str, Any]]):
+               data_state: Callable[[], Mapping[str, Any]],
+               every_seconds: float = 0.0, save_at_end: bool = True,
+               clock: Callable[[], float] = time.monotonic):
     self.every = every
     self.checkpointer = checkpointer
     self.data_state = data_state
+    self.every_seconds = every_seconds
+    self.save_at_end = save_at_end
+    self._clock = clock
+    self._last_save_time = clock()
+    self._timed = (None, False)  # (step, whether the time is up at it).
+
+  def due(self, step: int) -> bool:
+    if super().due(step):
+      return True
+    if self.every_seconds <= 0:
+      return False
+    if self._timed[0] != step:  # Decide once per step, the same everywhere.
+      time_up = self._clock() - self._last_save_time >= self.every_seconds
+      if jax.process_count() > 1:
+        time_up = bool(multihost_utils.broadcast_one_to_all(
+            np.asarray(time_up)))
+      self._timed = (step, time_up)
+    return self._timed[1]
+
+  def on_begin(self, step: int, state: Any) -> None:
+    self._last_save_time = self._clock()
 
   def _save(self, step: int, state: Any) -> None:
     self.checkpointer.save(step, state.checkpoint_tree(),
                            {**self.data_state(), "next_step": step})
+    self._last_save_time = self._clock()
 
   def needs_metrics_before(self, step: int) -> bool:
     return self.due(step)  # Never save a state whose loss is not finite.
@@ -115,6 +149,8 @@ class CheckpointHook(loop.Hook):
       self._save(step, state)
 
   def on_end(self, step: int, state: Any) -> None:
+    if not self.save_at_end:
+      return
     self._save(step, state)
     self.checkpointer.wait()
     logging.info("Checkpoint of step %d in %s.", step,
@@ -170,3 +206,26 @@ class StopAtStep(loop.Hook):
 
   def should_stop(self, step: int) -> bool:
     return step >= self.step
+
+
+class EvalHook(loop.Hook):
+  """Evaluates the state every `every` updates and writes `eval/*` metrics.
+
+  `evaluate(state)` returns the metrics (e.g. `eval_step.evaluate` over a
+  fresh pass of the evaluation split); it runs on every process, right after
+  update `step` is dispatched, and waits for its result before the next update
+  may donate the state. The metrics go to `writer` at `step`, as their own
+  line of `metrics.jsonl` before that step's training line.
+  """
+
+  def __init__(self, evaluate: Callable[[Any], Mapping[str, float]],
+               writer: writers_lib.MetricWriter, *, every: int):
+    self.every = every
+    self.evaluate = evaluate
+    self.writer = writer
+    self.last_metrics: dict[str, float] = {}
+
+  def after_step(self, step: int, state: Any) -> None:
+    if self.due(step):
+      self.last_metrics = dict(self.evaluate(state))
+      self.writer.write(step, self.last_metrics)

@@ -84,24 +84,45 @@ class CheckpointHookTest(absltest.TestCase):
 
   def test_saves_periodically_and_at_the_end_with_the_data_position(self):
     directory = self.create_tempdir().full_path
-    checkpointer = checkpoint_lib.Checkpointer(
-        directory, checkpoint_lib.CheckpointConfig(every_steps=2,
-                                                   max_to_keep=5,
-                                                   async_save=True))
+    checkpointer = checkpoint_lib.Checkpointer(directory, max_to_keep=5,
+                                               async_save=True)
     hook = hooks.CheckpointHook(checkpointer, every=2,
                                 data_state=lambda: {"shuffle_seed": 3})
     loop.run_loop(FakeState(0), _step_fn, itertools.repeat(None),
                   start_step=0, total_steps=5, hooks=[hook])
-    checkpointer = checkpoint_lib.Checkpointer(
-        directory, checkpoint_lib.CheckpointConfig(every_steps=2,
-                                                   max_to_keep=5,
-                                                   async_save=True))
+    checkpointer = checkpoint_lib.Checkpointer(directory, max_to_keep=5,
+                                               async_save=True)
     self.assertEqual(checkpointer.all_steps(), [2, 4, 5])
     tree, data = checkpointer.restore(
         {"value": jax.ShapeDtypeStruct((2,), jnp.float32)}, step=4)
     np.testing.assert_array_equal(tree["value"], [4.0, 4.0])
     self.assertEqual(data, {"shuffle_seed": 3, "next_step": 4})
     checkpointer.close()
+
+  def test_saves_when_the_time_is_up_and_a_local_tier_not_at_the_end(self):
+    now = [0.0]
+
+    def step_fn(state, batch):
+      now[0] += 25.0  # Each update takes 25 s of the fake clock.
+      return _step_fn(state, batch)
+
+    persistent = checkpoint_lib.Checkpointer(
+        os.path.join(self.create_tempdir().full_path, "persistent"),
+        max_to_keep=10, async_save=True)
+    local = checkpoint_lib.Checkpointer(
+        os.path.join(self.create_tempdir().full_path, "local"),
+        max_to_keep=10, async_save=True, tier="local")
+    loop.run_loop(FakeState(0), step_fn, itertools.repeat(None),
+                  start_step=0, total_steps=7, hooks=[
+                      hooks.CheckpointHook(persistent, every=0,
+                                           every_seconds=60.0,
+                                           data_state=dict,
+                                           clock=lambda: now[0]),
+                      hooks.CheckpointHook(local, every=2, data_state=dict,
+                                           save_at_end=False)])
+    # 60 s pass after updates 3 (75 s) and 6 (150 s); 7 is the end.
+    self.assertEqual(persistent.all_steps(), [3, 6, 7])
+    self.assertEqual(local.all_steps(), [2, 4, 6])
 
 
 class ProfilerHookTest(absltest.TestCase):

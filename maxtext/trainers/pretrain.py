@@ -1,16 +1,19 @@
 """Pre-training: config + workdir -> a trained, checkpointed model.
 
-`train(config, workdir)` validates the config, restores the latest checkpoint
-of `workdir/checkpoints` if there is one (parameters, optimizer state, and the
-data position, so the run continues exactly where it stopped), otherwise
-initialises, then runs the loop with the standard hooks (metrics,
-checkpoints, profiler) plus any given ones.
+`train(config, workdir)` validates the config, restores the newest usable
+checkpoint of its tiers (`workdir/checkpoints`, and the local tier
+`checkpoint.local_dir` when set; parameters, optimizer state, and the data
+position, so the run continues exactly where it stopped; corrupt checkpoints
+are reported and skipped), otherwise initialises, then runs the loop with the
+standard hooks (metrics, checkpoints per tier, preemption, profiler) plus any
+given ones. On SIGTERM it stops at the next step boundary after saving a
+checkpoint, and says so in `TrainResult.preempted`.
 
-`prepare(experiment, checkpointer)` is the same setup without the loop, for
+`prepare(experiment, checkpointers)` is the same setup without the loop, for
 benchmarks (`tools/bench/train_bench.py`).
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 import dataclasses
 import logging as py_logging
 import os
@@ -24,16 +27,22 @@ import ml_collections
 from maxtext.checkpoint import manager as checkpoint_lib
 from maxtext.data import pipeline
 from maxtext.metrics import flops
+from maxtext.metrics import goodput as goodput_lib
 from maxtext.metrics import writers
-from maxtext.optim import optimizer
 from maxtext.sharding import mesh as mesh_lib
-from maxtext.sharding import rules as rules_lib
+from maxtext.trainers import eval_step as eval_step_lib
 from maxtext.trainers import hooks as hooks_lib
 from maxtext.trainers import loop
+from maxtext.trainers import preemption
+from maxtext.trainers import step_setup
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
 from maxtext.trainers import workdir as workdir_lib
 from maxtext.trainers.config import ExperimentConfig
+
+
+# Key of the data position in a checkpoint's data state.
+_PIPELINE_KEY = "pipeline"
 
 
 @dataclasses.dataclass
@@ -48,6 +57,10 @@ class Prepared:
     compile_time_s: Seconds spent lowering and compiling it.
     throughput: Converts step times into throughput and MFU.
     mesh: The device mesh.
+    data: The input pipeline behind `batches` (its position is saved with
+      checkpoints).
+    evaluate: `state -> eval/* metrics` over the evaluation split; None when
+      `data.eval_every_steps` is 0.
   """
 
   state: train_state_lib.TrainState
@@ -57,6 +70,8 @@ class Prepared:
   compile_time_s: float
   throughput: hooks_lib.Throughput
   mesh: jax.sharding.Mesh
+  data: pipeline.Pipeline
+  evaluate: Callable[[train_state_lib.TrainState], dict[str, float]] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,78 +82,86 @@ class TrainResult:
     state: The final state.
     step: Updates done in total.
     metrics: The last written metrics (empty if nothing was trained).
+    preempted: The run stopped early on SIGTERM (after checkpointing `step`).
   """
 
   state: train_state_lib.TrainState
   step: int
   metrics: dict[str, float | None]
+  preempted: bool = False
 
 
-def _device_batches(mesh, sharding,
-                    local_batches) -> Iterator[dict[str, jax.Array]]:
+def _device_batches(mesh, sharding, local_batches,
+                    keys: Sequence[str]) -> Iterator[dict[str, jax.Array]]:
   for local_batch in local_batches:
-    yield mesh_lib.batch_to_device(mesh, local_batch, sharding)
+    yield mesh_lib.batch_to_device(
+        mesh, {key: local_batch[key] for key in keys}, sharding)
+
+
+# (experiment, mesh, state, batch specs) -> the compiled train step, e.g. one
+# loaded from `aot_compile --save` (`maxtext.aot.saved_step.load_compiled`).
+CompileFn = Callable[[ExperimentConfig, jax.sharding.Mesh, Any,
+                      dict[str, jax.ShapeDtypeStruct]], Any]
 
 
 def prepare(experiment: ExperimentConfig,
-            checkpointer: checkpoint_lib.Checkpointer | None = None
-            ) -> Prepared:
-  """Builds the mesh, state (restored if `checkpointer` has one), data and
-  compiled step of `experiment`."""
+            checkpointers: Sequence[checkpoint_lib.Checkpointer] = (), *,
+            compile_fn: CompileFn | None = None) -> Prepared:
+  """Builds the mesh, state (restored from the newest usable checkpoint of
+  `checkpointers`, if any), data and compiled step of `experiment` (by
+  `compile_fn` when given, else by compiling `train_step`)."""
   mesh = mesh_lib.make_mesh(experiment.mesh)
-  rules = rules_lib.LogicalRules.from_config(mesh, experiment.sharding)
-  batch_shards = rules.batch_shards()
+  inputs = step_setup.step_inputs(experiment, mesh)
   batch_size = experiment.train.batch_size
-  microbatches = experiment.train.microbatches
-  if batch_size % (batch_shards * microbatches):
-    raise ValueError(
-        f"train.batch_size={batch_size} must be divisible by the"
-        f" {batch_shards} batch shards of the mesh times"
-        f" train.microbatches={microbatches}.")
-  total_steps = experiment.train.steps
-  tx = optimizer.make_optimizer(experiment.optimizer, total_steps)
-  state_args = dict(
-      seed=experiment.train.seed, tx=tx,
-      schedule=optimizer.learning_rate_schedule(experiment.optimizer,
-                                                total_steps),
-      z_loss=experiment.optimizer.z_loss, mesh=mesh, rules=rules,
-      microbatches=microbatches)
   model_config = experiment.model
 
   start_step = 0
-  latest = checkpointer.latest_step() if checkpointer else None
-  if latest is not None:
-    abstract = train_state_lib.create_train_state(
-        model_config, abstract=True, **state_args)
-    tree, data_state = checkpointer.restore(abstract.checkpoint_tree(),
-                                            step=latest)
-    state = abstract.replace_checkpoint_tree(tree)
+  data_state = None
+  abstract = inputs.abstract_state
+  restored = checkpoint_lib.restore_newest(list(checkpointers),
+                                           abstract.checkpoint_tree())
+  if restored is not None:
+    state = abstract.replace_checkpoint_tree(restored.state)
+    data_state = restored.data_state
     start_step = int(data_state["next_step"])
-    if data_state.get("shuffle_seed") != experiment.data.shuffle_seed:
-      logging.warning("Checkpoint was written with data.shuffle_seed=%s; the"
-                      " config now says %s.", data_state.get("shuffle_seed"),
-                      experiment.data.shuffle_seed)
-    logging.info("Restored %s: resuming after update %d.",
-                 checkpointer.step_path(latest), start_step)
+    logging.info("Restored %s: resuming after update %d.", restored.path,
+                 start_step)
   else:
-    state = train_state_lib.create_train_state(model_config, **state_args)
+    state = train_state_lib.create_train_state(model_config,
+                                               **inputs.state_args)
 
-  source = pipeline.make_source(experiment.data,
-                                vocab_size=model_config.vocab_size)
-  local_batches = pipeline.make_batches(
-      source, batch_size=batch_size, seed=experiment.data.shuffle_seed,
-      process_index=jax.process_index(), process_count=jax.process_count())
+  processes = dict(process_index=jax.process_index(),
+                   process_count=jax.process_count())
+  data = pipeline.make_train_pipeline(
+      experiment.data, batch_size=batch_size,
+      vocab_size=model_config.vocab_size, **processes)
+  if data_state is not None:
+    if _PIPELINE_KEY not in data_state:
+      raise ValueError(
+          f"Checkpoint {restored.path} has no data pipeline position (saved"
+          " by an older version); resume it with that version or start a new"
+          " workdir.")
+    data.restore_checkpoint_state(data_state[_PIPELINE_KEY])
   seq_len = experiment.data.seq_len
-  batch_sharding = rules.batch_sharding((batch_size, seq_len))
-  batches = _device_batches(mesh, batch_sharding,
-                            pipeline.iterate(local_batches, start_step))
-  batch_spec = jax.ShapeDtypeStruct((batch_size, seq_len), jax.numpy.int32,
-                                    sharding=batch_sharding)
+  batch_sharding = inputs.batch_sharding
+  batches = _device_batches(mesh, batch_sharding, data, data.model_keys)
   start = time.perf_counter()
-  step_fn = train_step_lib.train_step.lower(
-      state, {"inputs": batch_spec, "targets": batch_spec,
-              "mask": batch_spec}).compile()
+  if compile_fn is None:
+    step_fn = train_step_lib.train_step.lower(state,
+                                              inputs.batch_specs).compile()
+  else:
+    step_fn = compile_fn(experiment, mesh, state, inputs.batch_specs)
   compile_time_s = time.perf_counter() - start
+
+  evaluate = None
+  if experiment.data.eval_every_steps:
+
+    def evaluate(state):
+      local = pipeline.eval_batches(
+          experiment.data, batch_size=batch_size,
+          vocab_size=model_config.vocab_size, **processes)
+      return eval_step_lib.evaluate(state, _device_batches(
+          mesh, batch_sharding, local, pipeline.MODEL_KEYS))
 
   throughput = hooks_lib.Throughput(
       tokens_per_step=batch_size * seq_len, num_devices=mesh.size,
@@ -147,7 +170,8 @@ def prepare(experiment: ExperimentConfig,
           override=experiment.logging.peak_flops_per_device))
   return Prepared(state=state, start_step=start_step, batches=batches,
                   step_fn=step_fn, compile_time_s=compile_time_s,
-                  throughput=throughput, mesh=mesh)
+                  throughput=throughput, mesh=mesh, data=data,
+                  evaluate=evaluate)
 
 
 class _DropInfoFrom(py_logging.Filter):
@@ -169,8 +193,35 @@ def quiet_orbax_info_logs() -> None:
     absl_logger.addFilter(_DropInfoFrom(f"{os.sep}orbax{os.sep}"))
 
 
+def make_checkpointers(workdir: str, config: checkpoint_lib.CheckpointConfig
+                       ) -> list[checkpoint_lib.Checkpointer]:
+  """The checkpoint tiers of a run in `workdir`, fastest first.
+
+  Raises:
+    ValueError: `checkpoint.local_dir` leaves the workdir or is the
+      persistent tier's folder.
+  """
+  persistent_dir = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRNAME)
+  local_dir = config.local_dir and workdir_lib.output_path(
+      workdir, config.local_dir, key="checkpoint.local_dir")
+  if local_dir and os.path.commonpath([local_dir, persistent_dir]) in (
+      local_dir, persistent_dir):
+    raise ValueError(
+        f"checkpoint.local_dir={config.local_dir!r} overlaps the persistent"
+        f" checkpoints in {persistent_dir}; name another folder.")
+  tiers = [checkpoint_lib.Checkpointer(
+      persistent_dir, max_to_keep=config.max_to_keep,
+      async_save=config.async_save, tier="persistent")]
+  if local_dir:
+    tiers.insert(0, checkpoint_lib.Checkpointer(
+        local_dir, max_to_keep=config.local_max_to_keep,
+        async_save=config.async_save, tier="local"))
+  return tiers
+
+
 def train(config: ml_collections.ConfigDict, workdir: str, *,
-          hooks: Sequence[loop.Hook] = ()) -> TrainResult:
+          hooks: Sequence[loop.Hook] = (),
+          compile_fn: CompileFn | None = None) -> TrainResult:
   """Trains `config` in `workdir`, resuming from its latest checkpoint.
 
   Args:
@@ -178,27 +229,31 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
     workdir: Directory of checkpoints, metrics, TensorBoard events and the
       config (see `maxtext.trainers.workdir`).
     hooks: Extra hooks, run after the standard ones.
+    compile_fn: Gives the train step instead of compiling it (see `prepare`).
 
   Returns:
-    The final state, step and last metrics.
+    The final state, step and last metrics, and whether SIGTERM stopped it.
 
   Raises:
     ValueError: the config is invalid (the message names the key).
     loop.NonFiniteError: the loss became NaN or infinite (names the step).
-    checkpoint_lib.CheckpointError: the latest checkpoint cannot be read.
+    checkpoint_lib.CheckpointError: there are checkpoints but none is usable,
+      one holds another model, or a save failed (names the step and path).
   """
   quiet_orbax_info_logs()
   experiment = ExperimentConfig.from_config_dict(config)
   workdir = os.path.abspath(workdir)
-  checkpointer = checkpoint_lib.Checkpointer(
-      os.path.join(workdir, workdir_lib.CHECKPOINT_DIRNAME),
-      experiment.checkpoint)
-  try:
-    prepared = prepare(experiment, checkpointer)
-  except BaseException:
-    checkpointer.close()
-    raise
   is_main = jax.process_index() == 0
+  recorder = goodput_lib.GoodputRecorder(workdir, write=is_main)
+  checkpointers = make_checkpointers(workdir, experiment.checkpoint)
+  try:
+    prepared = prepare(experiment, checkpointers, compile_fn=compile_fn)
+  except BaseException:
+    for checkpointer in checkpointers:
+      checkpointer.close()
+    recorder.close()
+    raise
+  recorder.add("compile", prepared.compile_time_s)
   if is_main:
     workdir_lib.write_config(workdir, config.to_dict(),
                              step=prepared.start_step)
@@ -218,22 +273,46 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
                            is_main_process=is_main),
       every=log_config.every_steps, total_steps=total_steps,
       throughput=prepared.throughput)
+
+  def data_state():
+    return {_PIPELINE_KEY: prepared.data.checkpoint_state()}
+
+  *local_tier, persistent_tier = checkpointers
+  preemption_hook = preemption.PreemptionHook()
   all_hooks = [
       metrics_hook,
-      hooks_lib.CheckpointHook(
-          checkpointer, every=experiment.checkpoint.every_steps,
-          data_state=lambda: {"shuffle_seed": experiment.data.shuffle_seed}),
+      goodput_lib.TimedHook(hooks_lib.CheckpointHook(
+          persistent_tier, every=experiment.checkpoint.every_steps,
+          every_seconds=60 * experiment.checkpoint.every_minutes,
+          data_state=data_state), recorder, "checkpoint"),
+      *(goodput_lib.TimedHook(hooks_lib.CheckpointHook(
+          tier, every=experiment.checkpoint.local_every_steps,
+          data_state=data_state, save_at_end=False), recorder, "checkpoint")
+        for tier in local_tier),
+      preemption_hook,
   ]
   if log_config.profile_start_step >= 0:
     all_hooks.append(hooks_lib.ProfilerHook(
         os.path.join(workdir, workdir_lib.PROFILE_DIRNAME),
         start_step=log_config.profile_start_step,
         num_steps=log_config.profile_steps))
+  if prepared.evaluate is not None:
+    all_hooks.append(goodput_lib.TimedHook(hooks_lib.EvalHook(
+        prepared.evaluate, metrics_hook.writer,
+        every=experiment.data.eval_every_steps), recorder, "eval"))
   all_hooks.extend(hooks)
+  # Last: the other hooks' end-of-run work (the final save) is counted.
+  all_hooks.append(goodput_lib.GoodputHook(
+      recorder, writer=metrics_hook.writer, every=log_config.every_steps))
 
-  state, step = loop.run_loop(
-      prepared.state, prepared.step_fn, prepared.batches,
-      start_step=prepared.start_step, total_steps=total_steps,
-      hooks=all_hooks)
+  try:
+    state, step = loop.run_loop(
+        prepared.state, prepared.step_fn,
+        recorder.timed_batches(prepared.batches),
+        start_step=prepared.start_step, total_steps=total_steps,
+        hooks=all_hooks)
+  finally:
+    prepared.data.close()
   return TrainResult(state=state, step=step,
-                     metrics=dict(metrics_hook.last_metrics))
+                     metrics=dict(metrics_hook.last_metrics),
+                     preempted=preemption_hook.preempted_at is not None)

@@ -10,7 +10,10 @@ import numpy as np
 
 from configs import gemma3
 from maxtext.checkpoint import manager as checkpoint_lib
+from maxtext.data import pipeline
 from maxtext.metrics import writers
+from maxtext.trainers import config as config_lib
+from maxtext.trainers import eval_step
 from maxtext.trainers import hooks as hooks_lib
 from maxtext.trainers import pretrain
 from maxtext.trainers import workdir as workdir_lib
@@ -30,7 +33,7 @@ def _tiny_config(text_file: str, *, steps: int):
                            num_heads=2, num_kv_heads=1, head_dim=16,
                            query_pre_attn_scalar=16.0, sliding_window=8,
                            global_layer_interval=2))
-  config.data.text_files = text_file
+  config.data.files = text_file
   config.data.seq_len = 16
   config.train.steps = steps
   config.train.batch_size = 4
@@ -116,6 +119,33 @@ class PretrainTest(absltest.TestCase):
     config.optimizer.warmup_steps = 0
     with self.assertRaisesRegex(FloatingPointError, r"at step \d"):
       pretrain.train(config, os.path.join(self.root, "nan"))
+
+  def test_eval_every_n_steps_equals_evaluating_the_state(self):
+    eval_file = self.create_tempfile(
+        "eval.txt", content=_TEXT.replace("York", "Lancaster")).full_path
+    config = _tiny_config(self.text_file, steps=4)
+    config.data.eval_files = eval_file
+    config.data.eval_every_steps = 2
+    config.data.eval_steps = 2
+    workdir = os.path.join(self.root, "eval")
+    result = pretrain.train(config, workdir)
+    with open(os.path.join(workdir, writers.JSONL_FILENAME)) as f:
+      evals = {line["step"]: line for line in map(json.loads, f)
+               if "eval/loss" in line}
+    self.assertEqual(sorted(evals), [2, 4])
+    self.assertLess(evals[4]["eval/loss"], evals[2]["eval/loss"])
+    # The hook's figures are those of an evaluation of the final state.
+    experiment = config_lib.ExperimentConfig.from_config_dict(config)
+    batches = pipeline.eval_batches(
+        experiment.data, batch_size=experiment.train.batch_size,
+        vocab_size=experiment.model.vocab_size)
+    expected = eval_step.evaluate(result.state, [
+        {k: jax.numpy.asarray(b[k]) for k in pipeline.MODEL_KEYS}
+        for b in batches])
+    self.assertAlmostEqual(evals[4]["eval/loss"], expected["eval/loss"],
+                           places=5)
+    self.assertEqual(evals[4]["eval/tokens"], expected["eval/tokens"])
+    self.assertGreater(expected["eval/tokens"], 0)
 
 
 if __name__ == "__main__":

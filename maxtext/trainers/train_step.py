@@ -4,7 +4,9 @@ Pure and jitted once at module level; the input state is donated, so its
 buffers are reused for the output state. The loss is the masked mean
 next-token cross-entropy; with `z_loss > 0` the train step adds
 `z_loss * mean(log(Z)^2)` (Z the softmax normaliser), which keeps the output
-logits from drifting (PaLM).
+logits from drifting (PaLM). Losses the model sows as `moe.AuxLoss`
+(mixture-of-experts load balancing and router z-loss, already weighted) are
+added to the objective; `train/loss` stays the cross-entropy.
 
 With `state.microbatches = M > 1` the batch is cut into M slices (row i goes
 to slice i % M, so each slice stays spread over the batch shards) and a
@@ -20,8 +22,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from maxtext.common import axes
+from maxtext.layers import moe
+from maxtext.optim import update_guard
 from maxtext.trainers.train_state import TrainState
 
 
@@ -56,11 +61,16 @@ def train_step(state: TrainState,
   Returns:
     The new state and scalar metrics of this update: `train/loss` (the
     cross-entropy, before the update), `train/learning_rate`,
-    `grads/global_norm` (before clipping) and, when the z-loss is on,
-    `train/z_loss` (its weighted term, added to the objective).
+    `grads/global_norm` (before clipping), when the z-loss is on
+    `train/z_loss` (its weighted term, added to the objective), and with an
+    update guard (`maxtext.optim.update_guard`) `train/skipped` and
+    `train/skipped_steps`.
   """
   loss, z_term, grads = loss_and_grads(state, batch)
-  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  # The loss goes to transformations that take it (`update_guard`).
+  tx = optax.with_extra_args_support(state.tx)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params,
+                                 value=loss)
   params = optax.apply_updates(state.params, updates)
   metrics = {
       "train/loss": loss,
@@ -69,6 +79,7 @@ def train_step(state: TrainState,
   }
   if state.z_loss:  # Static: part of the compiled program.
     metrics["train/z_loss"] = state.z_loss * z_term
+  metrics.update(update_guard.step_metrics(opt_state))
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state)
   return new_state, metrics
@@ -84,9 +95,14 @@ def loss_and_grads(state: TrainState, batch: dict[str, jax.Array]
   def loss_fn(params, batch):
     model = state.replace(params=params).model()
     with axes.activation_sharding(state.rules):
-      logits_BLV = model(batch["inputs"])
+      # Packed batches carry per-segment positions and segment ids.
+      logits_BLV = model(batch["inputs"],
+                         positions_BL=batch.get("positions"),
+                         segment_ids_BL=batch.get("segment_ids"))
     loss, z_term = cross_entropy(logits_BLV, batch["targets"], batch["mask"])
-    return loss + state.z_loss * z_term, (loss, z_term)
+    # Losses the model sows (mixture of experts: load balance, router z-loss).
+    model_loss = sum(jax.tree.leaves(nnx.pop(model, moe.AuxLoss)))
+    return loss + state.z_loss * z_term + model_loss, (loss, z_term)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if state.microbatches == 1:

@@ -9,6 +9,7 @@ import optax
 from configs import gemma3
 from maxtext.common.model_config import ModelConfig
 from maxtext.optim import optimizer
+from maxtext.optim import update_guard
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
@@ -33,15 +34,19 @@ def _tiny_model_config() -> ModelConfig:
   return ModelConfig(**values)
 
 
-def _state(z_loss=0.0):
+def _state(z_loss=0.0, **guard):
+  """A fresh state; `guard` (if given) are `skip_bad_updates` options."""
   opt_values = gemma3.get_config().optimizer.to_dict()
   opt_values.update(learning_rate=1e-2, warmup_steps=2, z_loss=z_loss)
   opt_config = optimizer.OptimizerConfig(**opt_values)
   the_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(
       ici=mesh_lib.AxisSizes(data=-1)))
+  tx = optimizer.make_optimizer(opt_config, total_steps=10)
+  if guard:
+    tx = update_guard.skip_bad_updates(tx, **guard)
   return train_state_lib.create_train_state(
       _tiny_model_config(), seed=0,
-      tx=optimizer.make_optimizer(opt_config, total_steps=10),
+      tx=tx,
       schedule=optimizer.learning_rate_schedule(opt_config, total_steps=10),
       z_loss=z_loss, mesh=the_mesh)
 
@@ -126,6 +131,35 @@ class TrainStepTest(absltest.TestCase):
     jax.tree.map(lambda a, b: self.assertEqual((a.shape, a.dtype),
                                                (b.shape, b.dtype)),
                  abstract.checkpoint_tree(), state.checkpoint_tree())
+
+  def test_spike_batch_is_skipped_and_leaves_the_state_unchanged(self):
+    window, zscore = 4, 3.0
+    state = _state(skip_nonfinite=True, spike_zscore=zscore,
+                   spike_window=window)
+    good = _batch()
+    # Targets the model, trained on `good`, finds unlikely: a loss spike.
+    spike = dict(good, targets=(good["targets"] + 17) % 64)
+    accepted, skips = [], []
+    for batch in [good] * 6 + [spike, good]:
+      before = jax.tree.map(np.asarray, (state.params, state.opt_state))
+      state, metrics = train_step_lib.train_step(state, batch)
+      observed = [float(metrics["train/loss"]),
+                  float(metrics["grads/global_norm"])]
+      # The rule of update_guard, from the reported metrics.
+      recent = np.asarray(accepted[-window:])
+      expect_skip = len(accepted) >= window and bool(np.any(
+          np.asarray(observed) > recent.mean(0) + zscore * recent.std(0)))
+      self.assertEqual(bool(metrics["train/skipped"]), expect_skip)
+      skips.append(expect_skip)
+      if expect_skip:
+        jax.tree.map(np.testing.assert_array_equal,
+                     (state.params, state.opt_state.inner_state),
+                     (before[0], before[1].inner_state))
+      else:
+        accepted.append(observed)
+    self.assertEqual(skips, [False] * 6 + [True, False])
+    self.assertEqual(float(metrics["train/skipped_steps"]), 1.0)
+    self.assertEqual(int(state.step), 8)  # The data moved on.
 
   def test_loss_falls_on_a_repeated_batch(self):
     state, batch = _state(), _batch()
