@@ -20,12 +20,9 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging
-import jax
 from ml_collections import config_flags
 
 from maxtext.posttrain import distill
-from maxtext.common import cli
 from maxtext.posttrain import runtime
 from maxtext.trainers import config_flag
 from maxtext.trainers import workdir as workdir_lib
@@ -47,18 +44,12 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = _CONFIG.value
-  if _LOAD.value:
-    config.train.load = _LOAD.value
   if _TEACHER.value:
     config.distill.teacher = _TEACHER.value
-  runtime.resolve_user_paths(config)
-  config_path = config_flags.get_config_filename(flags.FLAGS["config"])
-  workdir = workdir_lib.resolve_workdir(_WORKDIR.value, config_path)
-  logging.info("%d devices (%s); config %s, workdir %s.", jax.device_count(),
-               jax.devices()[0].device_kind, config_path, workdir)
-  with cli.errors_in_one_line("distill"):
-    result = distill.run(config, workdir)
-  logging.info("Exported %s.", result.exported)
+  runtime.run_binary(
+      "distill", distill.run, config,
+      config_path=config_flags.get_config_filename(flags.FLAGS["config"]),
+      load=_LOAD.value, workdir=_WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,8 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging
-import jax
 from ml_collections import config_flags
 
-from maxtext.common import cli
 from maxtext.posttrain import runtime
 from maxtext.posttrain import sft
 from maxtext.trainers import config_flag
@@ -52,16 +49,10 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = _CONFIG.value
-  if _LOAD.value:
-    config.train.load = _LOAD.value
-  runtime.resolve_user_paths(config)
-  config_path = config_flags.get_config_filename(flags.FLAGS["config"])
-  workdir = workdir_lib.resolve_workdir(_WORKDIR.value, config_path)
-  logging.info("%d devices (%s); config %s, workdir %s.", jax.device_count(),
-               jax.devices()[0].device_kind, config_path, workdir)
-  with cli.errors_in_one_line("sft"):
-    result = sft.run(config, workdir)
-  logging.info("Exported %s.", result.exported)
+  runtime.run_binary(
+      "sft", sft.run, config,
+      config_path=config_flags.get_config_filename(flags.FLAGS["config"]),
+      load=_LOAD.value, workdir=_WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ writers (`maxtext.metrics.writers`: the log, <workdir>/metrics.jsonl and
 TensorBoard) as `train/<name>` and `eval/<name>`, one line per update.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 import contextlib
 import dataclasses
 import os
@@ -22,6 +22,7 @@ import orbax.checkpoint as ocp
 from tunix.sft import metrics_logger as tunix_metrics
 from tunix.sft import peft_trainer
 
+from maxtext.common import cli
 from maxtext.data import chat_template as chat_lib
 from maxtext.metrics import writers as writers_lib
 from maxtext.optim import optimizer as optimizer_lib
@@ -161,6 +162,25 @@ def training_config(config: PosttrainConfig, workdir: str,
       data_sharding_axis=runtime.data_axes(train.rows, length),
       pbar_description=None,
       **fields)
+
+
+def run_binary(program: str, run: Callable[[ml_collections.ConfigDict, str],
+                                           Any],
+               config: ml_collections.ConfigDict, *, config_path: str,
+               load: str | None, workdir: str | None) -> Any:
+  """What the post-training binaries' `main` does: `--load` into the config,
+  the user's paths resolved, the workdir chosen, then `run(config, workdir)`
+  with errors in one line from `program` (`cli.errors_in_one_line`)."""
+  if load:
+    config.train.load = load
+  resolve_user_paths(config)
+  workdir = workdir_lib.resolve_workdir(workdir, config_path)
+  logging.info("%d devices (%s); config %s, workdir %s.", jax.device_count(),
+               jax.devices()[0].device_kind, config_path, workdir)
+  with cli.errors_in_one_line(program):
+    result = run(config, workdir)
+  logging.info("Exported %s.", result.exported)
+  return result
 
 
 def resolve_user_paths(config: ml_collections.ConfigDict) -> None:
