@@ -21,6 +21,7 @@ from maxtext.metrics import flops
 from maxtext.trainers import pretrain
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers.config import ExperimentConfig
+from testing import devices
 
 
 def _device_bytes(tree) -> int:
@@ -96,9 +97,7 @@ class CpuCompileTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    if jax.device_count() < 8:
-      raise absltest.SkipTest(
-          "needs 8 devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    devices.require_devices(8)
 
   def test_step_equals_prepared_step(self):
     experiment = tiny_experiment.tiny_experiment(

@@ -21,6 +21,7 @@ from maxtext.trainers import step_setup
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
 from maxtext.trainers.config import ExperimentConfig
+from testing import devices
 
 
 def _compiled(experiment, name):
@@ -41,9 +42,7 @@ class SavedStepTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    if jax.device_count() < 8:
-      raise absltest.SkipTest(
-          "needs 8 devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    devices.require_devices(8)
     saved_step.disable_compilation_cache()
     cls.experiment = tiny_experiment.tiny_experiment(
         dict(data=2, fsdp=4), num_layers=1)

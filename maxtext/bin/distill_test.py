@@ -2,10 +2,7 @@
 llama3 teacher, and the one-line error for a config of another method."""
 
 import os
-import sys
 import tempfile
-from unittest import mock
-import warnings
 
 from absl import flags
 from absl.testing import absltest
@@ -47,17 +44,10 @@ class DistillBinaryTest(absltest.TestCase):
     pt.write_jsonl(os.path.join(cls.user_dir, "train.jsonl"),
                    pt.mapping_records(16))
     pt.template_file(cls.user_dir)
-    # Override flags can be defined once per process: parse once.
-    with mock.patch.object(sys, "argv", _argv()), warnings.catch_warnings():
-      # ml_collections loads config files with the deprecated load_module.
-      warnings.filterwarnings("ignore", message=".*load_module",
-                              category=DeprecationWarning)
-      cls.argv = flags.FLAGS(_argv())
+    cls.argv = pt.parse_binary_flags(_argv())
 
   def _main(self) -> None:
-    with mock.patch.dict(os.environ,
-                         {"BUILD_WORKING_DIRECTORY": self.user_dir}):
-      distill.main(self.argv)
+    pt.run_binary_main(distill.main, self.argv, self.user_dir)
 
   def test_distills_a_student_of_another_family(self):
     self._main()

@@ -3,10 +3,7 @@ Hugging Face folder that transformers loads with our merged model's logits;
 bad input ends in one line."""
 
 import os
-import sys
 import tempfile
-from unittest import mock
-import warnings
 
 from absl import flags
 from absl.testing import absltest
@@ -50,17 +47,10 @@ class SftBinaryTest(absltest.TestCase):
     pt.write_jsonl(os.path.join(cls.user_dir, "train.jsonl"),
                    pt.mapping_records(32))
     pt.template_file(cls.user_dir)
-    # Override flags can be defined once per process: parse once.
-    with mock.patch.object(sys, "argv", _argv()), warnings.catch_warnings():
-      # ml_collections loads config files with the deprecated load_module.
-      warnings.filterwarnings("ignore", message=".*load_module",
-                              category=DeprecationWarning)
-      cls.argv = flags.FLAGS(_argv())
+    cls.argv = pt.parse_binary_flags(_argv())
 
   def _main(self) -> None:
-    with mock.patch.dict(os.environ,
-                         {"BUILD_WORKING_DIRECTORY": self.user_dir}):
-      sft.main(self.argv)
+    pt.run_binary_main(sft.main, self.argv, self.user_dir)
 
   def test_lora_sft_exports_what_transformers_loads(self):
     self._main()

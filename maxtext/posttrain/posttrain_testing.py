@@ -6,7 +6,11 @@ Test-only (builds the checkpoint from a random `transformers` model).
 
 import json
 import os
+import sys
+from unittest import mock
+import warnings
 
+from absl import flags
 import ml_collections
 import tokenizers
 
@@ -137,3 +141,19 @@ def distill_test_config(folder: str, load: str, teacher: str, *, steps: int,
   config.train.batch_size = 8
   config.optimizer.warmup_steps = 0
   return config
+
+
+def parse_binary_flags(argv: list[str]) -> list[str]:
+  """Parses a binary's command line `argv` into absl's flags (do it once per
+  process: override flags can be defined only once); returns the rest."""
+  with mock.patch.object(sys, "argv", argv), warnings.catch_warnings():
+    # ml_collections loads config files with the deprecated load_module.
+    warnings.filterwarnings("ignore", message=".*load_module",
+                            category=DeprecationWarning)
+    return flags.FLAGS(argv)
+
+
+def run_binary_main(main, argv: list[str], user_dir: str) -> None:
+  """Runs a binary's `main(argv)` as if started from `user_dir`."""
+  with mock.patch.dict(os.environ, {"BUILD_WORKING_DIRECTORY": user_dir}):
+    main(argv)

@@ -13,6 +13,7 @@ import numpy as np
 from maxtext.checkpoint import params_checkpoint
 from maxtext.posttrain import posttrain_testing as pt
 from maxtext.posttrain import sft
+from testing import devices
 
 
 def _axes(array: jax.Array) -> tuple:
@@ -26,9 +27,7 @@ def _axes(array: jax.Array) -> tuple:
 class ShardedTest(absltest.TestCase):
 
   def test_fsdp_tensor_mesh_equals_data_parallel(self):
-    if jax.device_count() != 8:
-      self.skipTest("needs 8 devices: XLA_FLAGS="
-                    "--xla_force_host_platform_device_count=8")
+    devices.require_devices(8)
     folder = self.create_tempdir().full_path
     ckpt = pt.write_checkpoint(folder)
     train = pt.write_jsonl(os.path.join(folder, "train.jsonl"),

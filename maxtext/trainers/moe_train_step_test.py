@@ -35,6 +35,7 @@ from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
+from testing import devices
 from testing import tiny_configs
 
 _RTOL = 1e-4
@@ -114,9 +115,7 @@ class ExpertParallelismTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    if jax.device_count() < 8:
-      raise absltest.SkipTest(
-          "needs 8 devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    devices.require_devices(8)
 
   @parameterized.named_parameters(
       ("dropless", dict(moe_impl="dropless")),

@@ -27,6 +27,7 @@ from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
+from testing import devices
 
 _RTOL = 1e-4
 _ATOL = 1e-5
@@ -118,9 +119,7 @@ class ParallelismTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    if jax.device_count() < 8:
-      raise absltest.SkipTest(
-          "needs 8 devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    devices.require_devices(8)
     state = _state({"data": -1}, jax.devices()[:1])
     batch = _batch(state)
     cls.single_loss, cls.single_grads, cls.single_params = (
