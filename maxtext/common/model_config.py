@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 DTYPES = ("float32", "bfloat16")
-ROPE_SCALINGS = ("default", "linear", "llama3")
+ROPE_SCALINGS = ("default", "linear", "llama3", "yarn")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 ATTENTION_IMPLS = ("reference", "xla")
 # See maxtext.layers.remat.
@@ -72,11 +72,20 @@ class ModelConfig:
     rope_theta: Rotary base of global layers.
     rope_local_theta: Rotary base of local (sliding window) layers.
     rope_scaling: Frequency scaling of global layers: "default" (none),
-      "linear" (positions divided by `rope_scaling_factor`) or "llama3".
-    rope_scaling_factor: Factor of the "linear" and "llama3" scalings.
+      "linear" (positions divided by `rope_scaling_factor`), "llama3" or
+      "yarn" (`maxtext.layers.rope`).
+    rope_scaling_factor: Factor of the "linear", "llama3" and "yarn"
+      scalings.
     rope_low_freq_factor: "llama3" scaling: low-frequency factor.
     rope_high_freq_factor: "llama3" scaling: high-frequency factor.
-    rope_original_max_length: "llama3" scaling: pre-training context length.
+    rope_original_max_length: "llama3" and "yarn" scalings: pre-training
+      context length.
+    rope_yarn_beta_fast: "yarn": rotations bounding the blend (fast end).
+    rope_yarn_beta_slow: "yarn": rotations bounding the blend (slow end).
+    rope_yarn_truncate: "yarn": round the blend's bounds to whole dimensions.
+    rope_yarn_mscale: "yarn": attention factor numerator's mscale (0: unset).
+    rope_yarn_mscale_all_dim: "yarn": its denominator's mscale (0: unset);
+      see `maxtext.layers.rope.attention_factor`.
     sliding_window: Keys a local layer's query sees, itself included; 0 means
       every layer is global.
     global_layer_interval: Every this-many-th layer is global (see module
@@ -160,6 +169,11 @@ class ModelConfig:
   rope_low_freq_factor: float = 1.0
   rope_high_freq_factor: float = 4.0
   rope_original_max_length: int = 8192
+  rope_yarn_beta_fast: float = 32.0
+  rope_yarn_beta_slow: float = 1.0
+  rope_yarn_truncate: bool = True
+  rope_yarn_mscale: float = 0.0
+  rope_yarn_mscale_all_dim: float = 0.0
   sliding_window: int = 0
   global_layer_interval: int = 1
   query_pre_attn_scalar: float | None = None
@@ -217,7 +231,7 @@ class ModelConfig:
     if self.head_dim % 2:
       _fail("head_dim", self.head_dim, "must be even (rotary embeddings)")
     for name in ("tie_embeddings", "scan_layers", "post_norms", "qk_norm",
-                 "qkv_bias", "scale_embeddings"):
+                 "qkv_bias", "scale_embeddings", "rope_yarn_truncate"):
       if not isinstance(getattr(self, name), bool):
         _fail(name, getattr(self, name), "must be True or False")
     for name, valid in (("dtype", DTYPES), ("param_dtype", DTYPES),
@@ -245,6 +259,11 @@ class ModelConfig:
       _fail("rope_high_freq_factor", self.rope_high_freq_factor,
             "llama3 scaling needs 0 < rope_low_freq_factor "
             f"({self.rope_low_freq_factor}) < rope_high_freq_factor")
+    if self.rope_scaling == "yarn" and not (
+        0 < self.rope_yarn_beta_slow < self.rope_yarn_beta_fast):
+      _fail("rope_yarn_beta_fast", self.rope_yarn_beta_fast,
+            "yarn scaling needs 0 < rope_yarn_beta_slow "
+            f"({self.rope_yarn_beta_slow}) < rope_yarn_beta_fast")
     if self.rope_original_max_length < 1:
       _fail("rope_original_max_length", self.rope_original_max_length,
             "must be a positive integer")

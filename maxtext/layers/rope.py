@@ -1,8 +1,10 @@
 """Rotary position embeddings (half-split layout, as in Hugging Face).
 
 Frequency scalings: "default" (none), "linear" (positions divided by a
-factor) and "llama3" (long wavelengths divided by a factor, short ones kept,
-a smooth blend in between). Local (sliding window) layers use plain rotary
+factor), "llama3" (long wavelengths divided by a factor, short ones kept,
+a smooth blend in between) and "yarn" (the same idea with the blend set by
+rotation counts `beta_fast`/`beta_slow`, plus an attention factor that
+multiplies the cosines and sines; DeepSeek-V3, GPT-OSS). Local (sliding window) layers use plain rotary
 embeddings with their own base; global layers use the configured scaling.
 
 Shape key: B batch, L length, H heads, K head dim, k = K // 2.
@@ -26,8 +28,17 @@ def inverse_frequencies(
     low_freq_factor: float = 1.0,
     high_freq_factor: float = 4.0,
     original_max_length: int = 8192,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
 ) -> np.ndarray:
-  """Per-pair rotation frequencies [K // 2] (float64 numpy)."""
+  """Per-pair rotation frequencies [K // 2] (float64 numpy).
+
+  `factor` and `original_max_length` serve "linear", "llama3" and "yarn";
+  `low_freq_factor`/`high_freq_factor` "llama3"; `beta_fast`, `beta_slow`
+  (rotations over `original_max_length` bounding the blend) and `truncate`
+  (round the blend's bounds outwards to whole dimensions) "yarn".
+  """
   inv_freq = theta**(-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
   if scaling == "default":
     return inv_freq
@@ -43,22 +54,56 @@ def inverse_frequencies(
     return np.where(
         wavelength > low_freq_wavelength, inv_freq / factor,
         np.where(wavelength < high_freq_wavelength, inv_freq, blended))
+  if scaling == "yarn":
+    def dimension(rotations):  # Dimension with this many full rotations.
+      return head_dim * math.log(original_max_length /
+                                 (rotations * 2 * math.pi)) / (
+                                     2 * math.log(theta))
+
+    low, high = dimension(beta_fast), dimension(beta_slow)
+    if truncate:
+      low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+      high += 0.001
+    ramp = np.clip((np.arange(head_dim // 2) - low) / (high - low), 0, 1)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
   raise ValueError(f"Unknown rope scaling {scaling!r}; valid: "
-                   "'default', 'linear', 'llama3'.")
+                   "'default', 'linear', 'llama3', 'yarn'.")
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+  """YaRN's magnitude correction `0.1 * mscale * ln(factor) + 1` (1 when
+  factor <= 1)."""
+  return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def attention_factor(scaling: str, factor: float, mscale: float = 0.0,
+                     mscale_all_dim: float = 0.0) -> float:
+  """Multiplier of the cosines and sines: 1 except for "yarn", where it is
+  `yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)` when
+  both are set (DeepSeek-V3) and `yarn_mscale(factor)` otherwise."""
+  if scaling != "yarn":
+    return 1.0
+  if mscale and mscale_all_dim:
+    return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+  return yarn_mscale(factor)
 
 
 @dataclasses.dataclass(frozen=True)
 class Rotary:
-  """Cosines and sines [B, L, K // 2] of the rotation at each position."""
+  """Cosines and sines [B, L, K // 2] of the rotation at each position,
+  times a constant `scale` (YaRN's attention factor; 1 otherwise)."""
 
   cos_BLk: jax.Array
   sin_BLk: jax.Array
 
   @classmethod
-  def at(cls, positions_BL: jax.Array, inv_freq: np.ndarray) -> "Rotary":
+  def at(cls, positions_BL: jax.Array, inv_freq: np.ndarray,
+         scale: float = 1.0) -> "Rotary":
     angles_BLk = positions_BL[..., None].astype(jnp.float32) * jnp.asarray(
         inv_freq, jnp.float32)
-    return cls(jnp.cos(angles_BLk), jnp.sin(angles_BLk))
+    return cls(jnp.cos(angles_BLk) * scale, jnp.sin(angles_BLk) * scale)
 
   def apply(self, x_BLHK: jax.Array) -> jax.Array:
     """Rotates pairs (x[k], x[k + K/2]) by the position's angles."""
@@ -75,7 +120,15 @@ def global_inverse_frequencies(cfg: ModelConfig) -> np.ndarray:
   return inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
                              cfg.rope_scaling_factor, cfg.rope_low_freq_factor,
                              cfg.rope_high_freq_factor,
-                             cfg.rope_original_max_length)
+                             cfg.rope_original_max_length,
+                             cfg.rope_yarn_beta_fast, cfg.rope_yarn_beta_slow,
+                             cfg.rope_yarn_truncate)
+
+
+def global_attention_factor(cfg: ModelConfig) -> float:
+  """`Rotary` scale of global layers (YaRN's attention factor, else 1)."""
+  return attention_factor(cfg.rope_scaling, cfg.rope_scaling_factor,
+                          cfg.rope_yarn_mscale, cfg.rope_yarn_mscale_all_dim)
 
 
 def local_inverse_frequencies(cfg: ModelConfig) -> np.ndarray:

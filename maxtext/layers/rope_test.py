@@ -15,7 +15,12 @@ _LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                high_freq_factor=4.0, original_max_position_embeddings=8192)
 
 
-def _hf_inverse_frequencies(rope_parameters):
+_YARN = dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
+             original_max_position_embeddings=4096)
+
+
+def _hf_rope(rope_parameters):
+  """Hugging Face's (inverse frequencies, attention factor)."""
   config = transformers.LlamaConfig(
       hidden_size=_HEAD_DIM * 4, num_attention_heads=4, head_dim=_HEAD_DIM,
       max_position_embeddings=131_072, rope_parameters=rope_parameters)
@@ -25,8 +30,7 @@ def _hf_inverse_frequencies(rope_parameters):
   else:
     init = ROPE_INIT_FUNCTIONS[kind]
   inv_freq, attention_factor = init(config)
-  assert attention_factor == 1.0
-  return inv_freq.numpy()
+  return inv_freq.numpy(), attention_factor
 
 
 class RopeTest(parameterized.TestCase):
@@ -38,11 +42,35 @@ class RopeTest(parameterized.TestCase):
       ("llama3", dict(**_LLAMA3, rope_theta=500_000.0),
        dict(scaling="llama3", factor=8.0, low_freq_factor=1.0,
             high_freq_factor=4.0, original_max_length=8192)),
+      ("yarn_gpt_oss", dict(**_YARN, truncate=False, rope_theta=150_000.0),
+       dict(scaling="yarn", factor=32.0, original_max_length=4096,
+            truncate=False)),
+      ("yarn_deepseek", dict(**_YARN, mscale=1.0, mscale_all_dim=1.0,
+                             rope_theta=10_000.0),
+       dict(scaling="yarn", factor=32.0, original_max_length=4096,
+            mscale=1.0, mscale_all_dim=1.0)),
+      ("yarn_mscales_differ", dict(**_YARN, mscale=0.707, mscale_all_dim=1.0,
+                                   rope_theta=10_000.0),
+       dict(scaling="yarn", factor=32.0, original_max_length=4096,
+            mscale=0.707, mscale_all_dim=1.0)),
   )
   def test_inverse_frequencies_match_hugging_face(self, hf_params, ours):
-    want = _hf_inverse_frequencies(hf_params)
+    want, want_factor = _hf_rope(hf_params)
+    mscales = {k: ours.pop(k) for k in ("mscale", "mscale_all_dim")
+               if k in ours}
     got = rope.inverse_frequencies(_HEAD_DIM, hf_params["rope_theta"], **ours)
     np.testing.assert_allclose(got, want, rtol=1e-6)
+    got_factor = rope.attention_factor(ours.get("scaling", "default"),
+                                       ours.get("factor", 1.0), **mscales)
+    self.assertAlmostEqual(got_factor, want_factor, places=6)
+
+  def test_yarn_blends_between_kept_and_divided_frequencies(self):
+    plain = rope.inverse_frequencies(_HEAD_DIM, 10_000.0)
+    scaled = rope.inverse_frequencies(_HEAD_DIM, 10_000.0, "yarn", 32.0,
+                                      original_max_length=4096)
+    self.assertEqual(scaled[0], plain[0])  # Fast rotations: extrapolated.
+    self.assertAlmostEqual(scaled[-1], plain[-1] / 32.0)  # Slow: divided.
+    self.assertTrue(np.all(scaled <= plain))
 
   def test_llama3_scaling_keeps_short_and_divides_long_wavelengths(self):
     plain = rope.inverse_frequencies(_HEAD_DIM, 500_000.0)
@@ -58,11 +86,11 @@ class RopeTest(parameterized.TestCase):
     positions = np.array([[0, 1, 2, 7, 100], [5, 6, 0, 1, 2]])
     q = rng.normal(size=(2, 5, 3, _HEAD_DIM)).astype(np.float32)
     inv_freq = rope.inverse_frequencies(_HEAD_DIM, 10_000.0)
-    got = rope.Rotary.at(positions, inv_freq).apply(q)
+    got = rope.Rotary.at(positions, inv_freq, scale=1.25).apply(q)
 
     angles = positions[..., None] * inv_freq.astype(np.float32)
-    cos = torch.tensor(np.cos(np.concatenate([angles, angles], -1)))
-    sin = torch.tensor(np.sin(np.concatenate([angles, angles], -1)))
+    cos = torch.tensor(np.cos(np.concatenate([angles, angles], -1)) * 1.25)
+    sin = torch.tensor(np.sin(np.concatenate([angles, angles], -1)) * 1.25)
     q_hf = torch.tensor(q).transpose(1, 2)  # HF layout [B, H, L, K].
     want, _ = modeling_llama.apply_rotary_pos_emb(q_hf, q_hf, cos, sin)
     np.testing.assert_allclose(got, want.transpose(1, 2).numpy(), atol=1e-5)

@@ -293,7 +293,8 @@ def _block_runner(cfg: ModelConfig, positions_BL: jax.Array,
   `cfg.remat_policy`.
   """
   global_rotary = rope.Rotary.at(positions_BL,
-                                 rope.global_inverse_frequencies(cfg))
+                                 rope.global_inverse_frequencies(cfg),
+                                 rope.global_attention_factor(cfg))
   local_rotary = rope.Rotary.at(positions_BL,
                                 rope.local_inverse_frequencies(cfg))
 

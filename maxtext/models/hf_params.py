@@ -77,23 +77,38 @@ def rope_fields(rope: Mapping[str, Any]) -> dict[str, Any]:
   Args:
     rope: Hugging Face `rope_parameters` (or legacy `rope_scaling` merged
       with `rope_theta`): keys rope_type, rope_theta, factor,
-      low_freq_factor, high_freq_factor, original_max_position_embeddings.
+      low_freq_factor, high_freq_factor, original_max_position_embeddings,
+      and for yarn beta_fast, beta_slow, truncate, mscale, mscale_all_dim.
 
   Raises:
-    ValueError: an unsupported rope type.
+    ValueError: an unsupported rope type, or a yarn `attention_factor`
+      (only the one derived from factor and mscales is supported).
   """
   kind = rope.get("rope_type", rope.get("type", "default"))
-  if kind not in ("default", "linear", "llama3"):
+  if kind not in ("default", "linear", "llama3", "yarn"):
     raise ValueError(f"Unsupported Hugging Face rope_type {kind!r}; "
-                     "supported: 'default', 'linear', 'llama3'.")
+                     "supported: 'default', 'linear', 'llama3', 'yarn'.")
   fields = {"rope_theta": float(rope["rope_theta"]), "rope_scaling": kind}
   if kind != "default":
     fields["rope_scaling_factor"] = float(rope["factor"])
   if kind == "llama3":
     fields["rope_low_freq_factor"] = float(rope["low_freq_factor"])
     fields["rope_high_freq_factor"] = float(rope["high_freq_factor"])
+  if kind in ("llama3", "yarn"):
     fields["rope_original_max_length"] = int(
         rope["original_max_position_embeddings"])
+  if kind == "yarn":
+    if rope.get("attention_factor") is not None:
+      raise ValueError(
+          f"Unsupported yarn attention_factor={rope['attention_factor']}; "
+          "only the default derived from factor, mscale and mscale_all_dim "
+          "is supported.")
+    fields.update(
+        rope_yarn_beta_fast=float(rope.get("beta_fast") or 32.0),
+        rope_yarn_beta_slow=float(rope.get("beta_slow") or 1.0),
+        rope_yarn_truncate=bool(rope.get("truncate", True)),
+        rope_yarn_mscale=float(rope.get("mscale") or 0.0),
+        rope_yarn_mscale_all_dim=float(rope.get("mscale_all_dim") or 0.0))
   return fields
 
 
@@ -142,7 +157,16 @@ def hf_rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
   if cfg.rope_scaling == "llama3":
     rope["low_freq_factor"] = cfg.rope_low_freq_factor
     rope["high_freq_factor"] = cfg.rope_high_freq_factor
+  if cfg.rope_scaling in ("llama3", "yarn"):
     rope["original_max_position_embeddings"] = cfg.rope_original_max_length
+  if cfg.rope_scaling == "yarn":
+    rope.update(beta_fast=cfg.rope_yarn_beta_fast,
+                beta_slow=cfg.rope_yarn_beta_slow,
+                truncate=cfg.rope_yarn_truncate)
+    if cfg.rope_yarn_mscale:
+      rope["mscale"] = cfg.rope_yarn_mscale
+    if cfg.rope_yarn_mscale_all_dim:
+      rope["mscale_all_dim"] = cfg.rope_yarn_mscale_all_dim
   return rope
 
 
