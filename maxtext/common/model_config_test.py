@@ -36,7 +36,7 @@ class ModelConfigTest(parameterized.TestCase):
        "gelu_tanh"),
       ("impl", dict(attention_impl="pallas"), "attention_impl='pallas'",
        "reference"),
-      ("rope", dict(rope_scaling="yarn"), "rope_scaling='yarn'", "llama3"),
+      ("rope", dict(rope_scaling="ntk"), "rope_scaling='ntk'", "yarn"),
       ("default_factor", dict(rope_scaling_factor=8.0),
        "rope_scaling_factor=8.0", "default"),
       ("llama3_factors",
