@@ -4,15 +4,17 @@ parameters of a training checkpoint.
 A converted checkpoint folder (written by `save_converted`, e.g. by
 `//maxtext/bin:convert_ckpt`) holds:
   model_config.json  the `ModelConfig` as JSON (family, sizes, layout, dtype);
-  params/            an Orbax checkpoint of the parameters: the nested dict of
-                     `nnx.to_pure_dict(nnx.state(model, nnx.Param))`, the same
-                     tree as `TrainState.params`, so training can start from it;
+  params/            an Orbax checkpoint of the model's variables: the nested
+                     dict of `nnx.to_pure_dict(nnx.state(model))`, i.e.
+                     `TrainState.params` plus the non-trained variables of
+                     `TrainState.model_state` (DeepSeek-V3's router bias);
   plus any extra files (tokenizer, the original Hugging Face config).
 
 `load_converted(dir) -> (ModelConfig, params)` needs nothing else. A training
 checkpoint (`<workdir>/checkpoints/<step>/state`, parameters plus optimizer
 state) is read by `load_training_params(step_dir)`, which restores the
-parameters only; its model config comes from `<workdir>/config.json`.
+model's variables only (not the optimizer state); its model config comes
+from `<workdir>/config.json`.
 `load_params(path)` accepts either (or a workdir: its latest checkpoint).
 
 Parameters are restored onto one device (the first), replicated, one array
@@ -54,26 +56,33 @@ def abstract_model(cfg: ModelConfig) -> nnx.Module:
 
 
 def model_params(model: nnx.Module) -> dict[str, Any]:
-  """The parameter tree saved in a converted checkpoint."""
-  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  """The tree saved in a converted checkpoint: every variable of the model
+  (parameters, and non-trained ones such as DeepSeek-V3's router bias)."""
+  return nnx.to_pure_dict(nnx.state(model))
 
 
 def model_from_params(cfg: ModelConfig, params: dict[str, Any]) -> nnx.Module:
-  """`cfg`'s model holding `params` (the arrays are used, not copied)."""
-  graphdef, state, rest = nnx.split(abstract_model(cfg), nnx.Param, ...)
-  if jax.tree.leaves(rest):
-    raise ParamsCheckpointError(
-        f"The {cfg.family} model has non-parameter variables, which a "
-        "params-only checkpoint does not hold.")
+  """`cfg`'s model holding `params`, a `model_params` tree (the arrays are
+  used, not copied)."""
+  graphdef, state = nnx.split(abstract_model(cfg))
   nnx.replace_by_pure_dict(state, params)
-  return nnx.merge(graphdef, state, rest)
+  return nnx.merge(graphdef, state)
 
 
-def _abstract_params(cfg: ModelConfig) -> dict[str, Any]:
+def _abstract_params(cfg: ModelConfig, variables=...) -> dict[str, Any]:
+  """Abstract `model_params` of `cfg` (only the `variables` filter's)."""
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   return jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-      model_params(abstract_model(cfg)))
+      nnx.to_pure_dict(nnx.state(abstract_model(cfg), variables)))
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+  """Nested dicts `a` and `b` (disjoint leaves) as one."""
+  merged = dict(a)
+  for key, value in b.items():
+    merged[key] = _merge(a[key], value) if key in a else value
+  return merged
 
 
 def save_converted(out_dir: str, cfg: ModelConfig,
@@ -146,16 +155,17 @@ class LazyParam:
 
 
 def _restore(path: str, cfg: ModelConfig, *, params_key: str | None,
-             lazy: bool = False):
-  """Restores the parameters of `cfg` from the Orbax checkpoint at `path`
-  (under `params_key` of its tree when given, the rest left unread).
+             lazy: bool = False, variables=...):
+  """Restores the variables of `cfg` (those of the `variables` filter) from
+  the Orbax checkpoint at `path` (under `params_key` of its tree when given,
+  the rest left unread).
 
   Arrays are restored one at a time (restoring costs 2-3x an array's size
   while it runs); with `lazy`, each leaf is a `LazyParam` instead, restored
   when read.
   """
   prefix = (params_key,) if params_key else ()
-  abstract_params = _abstract_params(cfg)
+  abstract_params = _abstract_params(cfg, variables)
 
   def read(keys, abstract):
     target = _nest(keys, abstract)
@@ -207,8 +217,8 @@ def training_workdir(step_dir: str) -> str:
 
 def load_training_params(step_dir: str, *, lazy: bool = False
                          ) -> tuple[ModelConfig, dict[str, Any]]:
-  """(ModelConfig, params) of a train-binary checkpoint; optimizer state and
-  the rest are not read.
+  """(ModelConfig, `model_params` tree) of a train-binary checkpoint: its
+  `params` and `model_state`; the optimizer state and the rest are not read.
 
   Raises:
     ParamsCheckpointError: the checkpoint or `<workdir>/config.json` is
@@ -220,9 +230,12 @@ def load_training_params(step_dir: str, *, lazy: bool = False
   if "model" not in config:
     raise ParamsCheckpointError(f"{config_path} has no 'model' section.")
   cfg = _model_config(config["model"], config_path)
-  params = _restore(os.path.join(os.path.abspath(step_dir), STATE_ITEM), cfg,
-                    params_key="params", lazy=lazy)
-  return cfg, params
+  state_dir = os.path.join(os.path.abspath(step_dir), STATE_ITEM)
+  params = _restore(state_dir, cfg, params_key="params", lazy=lazy,
+                    variables=nnx.Param)
+  model_state = _restore(state_dir, cfg, params_key="model_state", lazy=lazy,
+                         variables=nnx.Not(nnx.Param))
+  return cfg, _merge(params, model_state)
 
 
 def _latest_step_dir(checkpoints_dir: str) -> str:

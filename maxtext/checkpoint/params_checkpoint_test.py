@@ -11,9 +11,11 @@ import numpy as np
 import torch
 import transformers
 
+from configs import deepseek3
 from configs import llama3
 from maxtext.checkpoint import hf_convert
 from maxtext.checkpoint import params_checkpoint
+from maxtext.layers import moe
 from maxtext.trainers import pretrain
 
 _TOKENS = np.random.RandomState(0).randint(0, 256, size=(2, 12))
@@ -71,6 +73,27 @@ class TrainingCheckpointTest(parameterized.TestCase):
       print(f"training checkpoint scan_layers={scan_layers}: max |logit "
             f"diff| = {diff:.3g} (max |logit| {np.abs(want).max():.3g})")
       self.assertLessEqual(diff, 1e-4)
+
+  def test_non_trained_variables_travel_with_the_parameters(self):
+    # DeepSeek-V3's router bias is model state, moved by the train step.
+    config = _tiny_config(scan_layers=True)
+    config.model = deepseek3.get_config("tiny").model
+    config.model.update(dict(vocab_size=256, num_layers=2, embed_dim=32,
+                             mlp_dim=64, moe_mlp_dim=16, mtp_layers=0,
+                             router_bias_update_rate=0.1))
+    workdir = self.create_tempdir().full_path
+    result = pretrain.train(config, workdir)
+    want = nnx.to_pure_dict(nnx.state(result.state.model(), moe.RouterBias))
+    self.assertGreater(float(np.abs(jax.tree.leaves(want)[0]).max()), 0.0)
+    cfg, weights = params_checkpoint.load_params(workdir)
+    restored = params_checkpoint.model_from_params(cfg, weights)
+    got = nnx.to_pure_dict(nnx.state(restored, moe.RouterBias))
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+    # A converted checkpoint keeps it too.
+    out = self.create_tempdir().full_path
+    params_checkpoint.save_converted(out, cfg, weights)
+    _, converted = params_checkpoint.load_params(out)
+    jax.tree.map(np.testing.assert_array_equal, converted, weights)
 
   def test_not_a_checkpoint(self):
     folder = self.create_tempdir().full_path
