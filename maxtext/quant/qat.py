@@ -1,5 +1,10 @@
 """Quantization-aware training (QAT) with qwix: int8 or fp8 matmuls.
 
+The `qat` config section (`QatConfig`) turns it on for `train`:
+`--config.qat.qtype=int8` (or fp8); `--config.qat.module_path=REGEX` picks
+the modules. `maxtext.trainers.train_state.create_train_state` then builds
+the state's graph definition from the quantized model.
+
 `quantize_for_training(model, config, sample_tokens_BL)` returns a copy of an
 NNX decoder whose matmuls (`jnp.tensordot`/`einsum` inside modules whose path
 matches `config.module_path`) run on fake-quantized weights and activations
@@ -25,25 +30,30 @@ import qwix
 
 # Config name -> the dtype weights and activations are quantized to.
 QTYPES = {"int8": "int8", "fp8": "float8_e4m3fn"}
+NONE = "none"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QatConfig:
-  """What to quantize during training.
+  """What to quantize during training (the `qat` config section).
 
   Attributes:
-    qtype: "int8" or "fp8" (float8 e4m3).
+    qtype: "none" (off), "int8" or "fp8" (float8 e4m3).
     module_path: Regex over module paths; matching modules' matmuls are
       quantized.
   """
 
-  qtype: str = "int8"
+  qtype: str = NONE
   module_path: str = r".*(attention|mlp).*"
 
   def __post_init__(self):
-    if self.qtype not in QTYPES:
-      raise ValueError(f"QatConfig.qtype={self.qtype!r} is invalid; valid:"
-                       f" {sorted(QTYPES)}.")
+    if self.qtype != NONE and self.qtype not in QTYPES:
+      raise ValueError(f"qat.qtype={self.qtype!r} is invalid; valid:"
+                       f" {[NONE, *sorted(QTYPES)]}.")
+
+  @property
+  def enabled(self) -> bool:
+    return self.qtype != NONE
 
 
 def quantize_for_training(model: nnx.Module, config: QatConfig,
@@ -57,13 +67,16 @@ def quantize_for_training(model: nnx.Module, config: QatConfig,
       once on them to find the matmuls.
 
   Raises:
-    ValueError: `config.module_path` matches no matmul of the model.
+    ValueError: `config` is off ("none"), or `config.module_path` matches
+      no matmul of the model.
   """
+  if not config.enabled:
+    raise ValueError("qat.qtype='none': there is nothing to quantize.")
   qtype = QTYPES[config.qtype]
   provider = qwix.QtProvider([qwix.QtRule(
       module_path=config.module_path, weight_qtype=qtype, act_qtype=qtype)])
   quantized = qwix.quantize_model(model, provider, sample_tokens_BL)
   if provider.get_unused_rules():
-    raise ValueError(f"QatConfig.module_path={config.module_path!r} matches"
+    raise ValueError(f"qat.module_path={config.module_path!r} matches"
                      " no matmul of the model.")
   return quantized

@@ -58,7 +58,8 @@ class QatTest(parameterized.TestCase):
                  nnx.state(quantized, nnx.Param), nnx.state(model, nnx.Param))
 
   def test_quantized_model_trains(self):
-    quantized = qat.quantize_for_training(_model(), qat.QatConfig(),
+    quantized = qat.quantize_for_training(_model(),
+                                          qat.QatConfig(qtype="int8"),
                                           _TOKENS[:, :-1])
     graphdef, params = nnx.split(quantized)
     tx = optax.adam(1e-2)
@@ -78,13 +79,17 @@ class QatTest(parameterized.TestCase):
     self.assertLess(losses[-1], 0.5 * losses[0])
 
   def test_bad_config_is_named(self):
-    with self.assertRaisesRegex(ValueError, "qtype='int4' is invalid; valid:"
-                                r" \['fp8', 'int8'\]"):
+    with self.assertRaisesRegex(ValueError, "qat.qtype='int4' is invalid;"
+                                r" valid: \['none', 'fp8', 'int8'\]"):
       qat.QatConfig(qtype="int4")
-    with self.assertRaisesRegex(ValueError, "module_path='nothing' matches"
-                                " no matmul"):
-      qat.quantize_for_training(_model(), qat.QatConfig(module_path="nothing"),
-                                _TOKENS[:, :-1])
+    with self.assertRaisesRegex(ValueError, "qat.module_path='nothing'"
+                                " matches no matmul"):
+      qat.quantize_for_training(
+          _model(), qat.QatConfig(qtype="int8", module_path="nothing"),
+          _TOKENS[:, :-1])
+    with self.assertRaisesRegex(ValueError, "qat.qtype='none': there is"
+                                " nothing to quantize"):
+      qat.quantize_for_training(_model(), qat.QatConfig(), _TOKENS[:, :-1])
 
 
 if __name__ == "__main__":

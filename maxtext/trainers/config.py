@@ -18,6 +18,7 @@ from maxtext.checkpoint.manager import CheckpointConfig
 from maxtext.common.model_config import ModelConfig
 from maxtext.data.pipeline import DataConfig
 from maxtext.optim.optimizer import OptimizerConfig
+from maxtext.quant.qat import QatConfig
 from maxtext.sharding.mesh import MeshConfig
 from maxtext.sharding.rules import ShardingConfig
 
@@ -110,6 +111,7 @@ class LoggingConfig:
 
 SECTIONS = {
     "model": ModelConfig,
+    "qat": QatConfig,
     "data": DataConfig,
     "optimizer": OptimizerConfig,
     "train": TrainConfig,
@@ -189,6 +191,7 @@ class ExperimentConfig:
   """Every section of an experiment, typed."""
 
   model: ModelConfig
+  qat: QatConfig
   data: DataConfig
   optimizer: OptimizerConfig
   train: TrainConfig

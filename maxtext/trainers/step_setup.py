@@ -28,7 +28,7 @@ class StepInputs:
   Attributes:
     rules: Parameter and compute layouts on the mesh.
     state_args: Keyword arguments of `create_train_state` (optimizer with
-      its update guard, schedule, mesh, rules, microbatches).
+      its update guard, schedule, mesh, rules, microbatches, QAT).
     abstract_state: The sharded state as `jax.ShapeDtypeStruct`s.
     batch_sharding: Layout of a [B, L] batch array.
     batch_specs: The batch as `jax.ShapeDtypeStruct`s, by key
@@ -68,7 +68,9 @@ def step_inputs(experiment: ExperimentConfig,
       schedule=optimizer.learning_rate_schedule(experiment.optimizer,
                                                 train.steps),
       z_loss=experiment.optimizer.z_loss, mesh=mesh, rules=rules,
-      microbatches=train.microbatches)
+      microbatches=train.microbatches, qat=experiment.qat,
+      tokens_shape=(train.batch_size // train.microbatches,
+                    experiment.data.seq_len))
   abstract_state = train_state_lib.create_train_state(
       experiment.model, abstract=True, **state_args)
   shape = (train.batch_size, experiment.data.seq_len)

@@ -29,6 +29,7 @@ import optax
 
 from maxtext.common.model_config import ModelConfig
 from maxtext.models import registry
+from maxtext.quant import qat as qat_lib
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
 
@@ -155,6 +156,8 @@ def create_train_state(model_config: ModelConfig, *, seed: int,
                        mesh: jax.sharding.Mesh,
                        rules: rules_lib.LogicalRules | None = None,
                        microbatches: int = 1,
+                       qat: qat_lib.QatConfig | None = None,
+                       tokens_shape: tuple[int, int] | None = None,
                        abstract: bool = False) -> TrainState:
   """A freshly initialised state, created on the mesh in its final layout.
 
@@ -167,6 +170,11 @@ def create_train_state(model_config: ModelConfig, *, seed: int,
     mesh: Devices; the state is created directly with its sharding.
     rules: Parameter and compute layouts; None replicates the state.
     microbatches: Gradient-accumulation steps of the train step.
+    qat: Quantization-aware training; when on, the graph definition is that
+      of the qwix-quantized model (the parameters are the same).
+    tokens_shape: [B, L] of the tokens one model call of the train step
+      sees; QAT traces the model on tokens of this shape to find its
+      matmuls. Needed when `qat` is on.
     abstract: Return `jax.ShapeDtypeStruct` leaves (with shardings) instead of
       arrays, without allocating or computing anything: the target of a
       checkpoint restore.
@@ -176,7 +184,8 @@ def create_train_state(model_config: ModelConfig, *, seed: int,
 
   Raises:
     ValueError: the mesh's `stage` axis differs from
-      `model_config.pipeline_stages`.
+      `model_config.pipeline_stages`, or `qat` is on without
+      `tokens_shape` or matches no matmul.
   """
   if mesh.shape["stage"] != model_config.pipeline_stages:
     raise ValueError(
@@ -184,8 +193,19 @@ def create_train_state(model_config: ModelConfig, *, seed: int,
         f" size of the 'stage' mesh axis, {mesh.shape['stage']} (set"
         " mesh.ici.stage / mesh.dcn.stage and model.pipeline_stages"
         " together).")
-  abstract_model = nnx.eval_shape(
-      lambda: registry.create_model(model_config, rngs=nnx.Rngs(seed)))
+  quantize = qat is not None and qat.enabled
+  if quantize and tokens_shape is None:
+    raise ValueError(f"qat.qtype={qat.qtype!r} needs the tokens_shape of the"
+                     " train step's model calls.")
+
+  def create_model() -> nnx.Module:
+    model = registry.create_model(model_config, rngs=nnx.Rngs(seed))
+    if quantize:
+      model = qat_lib.quantize_for_training(
+          model, qat, jnp.zeros(tokens_shape, jnp.int32))
+    return model
+
+  abstract_model = nnx.eval_shape(create_model)
   graphdef, abstract_params, _ = nnx.split(abstract_model, nnx.Param, ...)
   param_names = rules_lib.logical_names(abstract_params)
 
