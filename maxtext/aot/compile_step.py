@@ -31,6 +31,7 @@ import time
 import jax
 
 from maxtext.aot import topology as topology_lib
+from maxtext.common.model_config import ModelConfig
 from maxtext.metrics import flops
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.trainers import step_setup
@@ -67,7 +68,8 @@ class CompiledStep:
       `inputs.abstract_state`-shaped states and `inputs.batch_specs` batches.
     hardware: The target's devices.
     mesh: The mesh on them.
-    inputs: The state and batch layout.
+    inputs: The state and batch layout (None for the sft step:
+      `maxtext.aot.compile_sft`).
     compile_time_s: Seconds to lower and compile.
   """
 
@@ -96,8 +98,22 @@ def compile_train_step(experiment: ExperimentConfig,
   start = time.perf_counter()
   lowered = train_step_lib.train_step.lower(inputs.abstract_state,
                                             inputs.batch_specs)
+  compiled = compile_lowered(lowered, hardware)
+  return CompiledStep(compiled=compiled, hardware=hardware, mesh=mesh,
+                      inputs=inputs,
+                      compile_time_s=time.perf_counter() - start)
+
+
+def compile_lowered(lowered: jax.stages.Lowered,
+                    hardware: topology_lib.Hardware) -> jax.stages.Compiled:
+  """`lowered.compile()`, naming an out-of-memory error of the compiler.
+
+  Raises:
+    DoesNotFitError: the TPU compiler ran out of HBM (the message has its
+      usage summary).
+  """
   try:
-    compiled = lowered.compile()
+    return lowered.compile()
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
@@ -107,9 +123,6 @@ def compile_train_step(experiment: ExperimentConfig,
         f"The train step does not fit in the {_gib(hardware.memory_bytes)} of"
         f" {hardware.memory_name} per device on {hardware.target.name}:"
         f" {summary} {FIT_HINT}") from e
-  return CompiledStep(compiled=compiled, hardware=hardware, mesh=mesh,
-                      inputs=inputs,
-                      compile_time_s=time.perf_counter() - start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +185,13 @@ def _costs(compiled: jax.stages.Compiled) -> dict[str, float]:
   return {key: float(cost.get(key, 0.0)) for key in _COST_KEYS}
 
 
+def xla_costs_of(compiled: jax.stages.Compiled
+                 ) -> tuple[dict[str, float], str]:
+  """XLA's per-device costs of `compiled` as it is (an unscanned model's
+  step: every layer counted) and where they come from."""
+  return _costs(compiled), "XLA cost analysis"
+
+
 def xla_costs(step: CompiledStep,
               experiment: ExperimentConfig) -> tuple[dict[str, float], str]:
   """XLA's per-device FLOPs, bytes accessed and time of one step.
@@ -186,7 +206,7 @@ def xla_costs(step: CompiledStep,
   """
   model = experiment.model
   if not model.scan_layers or model.num_layers == 1:
-    return _costs(step.compiled), "XLA cost analysis"
+    return xla_costs_of(step.compiled)
   if model.pipeline_stages > 1:
     return (_costs(step.compiled),
             "XLA cost analysis, which counts the scanned layers once")
@@ -209,16 +229,27 @@ def analyse(step: CompiledStep, experiment: ExperimentConfig) -> StepReport:
   With scanned layers this compiles two small unrolled variants for the
   FLOPs and time (see `xla_costs`).
   """
+  return report(step, experiment.model, experiment.train.batch_size,
+                experiment.data.seq_len, *xla_costs(step, experiment))
+
+
+def report(step: CompiledStep, model: ModelConfig, rows: int, seq_len: int,
+           costs: dict[str, float], cost_source: str) -> StepReport:
+  """The `StepReport` of `step`, which trains `model` on `rows` sequences
+  of `seq_len` tokens per step, with XLA's `costs` (see `xla_costs`)."""
   memory = step.compiled.memory_analysis()
-  costs, cost_source = xla_costs(step, experiment)
   hardware = step.hardware
-  seq_len = experiment.data.seq_len
-  model_flops = (flops.training_flops_per_token(experiment.model, seq_len) *
-                 experiment.train.batch_size * seq_len / step.mesh.size)
+  model_flops = (flops.training_flops_per_token(model, seq_len) * rows *
+                 seq_len / step.mesh.size)
   step_time, time_source = None, "n/a (no peak FLOP/s or bandwidth known)"
+  if not costs["flops"] and not costs["bytes accessed"]:
+    # Compile-only GPUs: XLA gives no cost analysis.
+    cost_source = "n/a: XLA gives no cost analysis for this target"
+    time_source = "n/a (no cost analysis)"
   if costs["optimal_seconds"] > 0:
     step_time, time_source = costs["optimal_seconds"], cost_source
-  elif hardware.peak_flops and hardware.memory_bandwidth:
+  elif (hardware.peak_flops and hardware.memory_bandwidth and
+        costs["flops"]):
     step_time = max(costs["flops"] / hardware.peak_flops,
                     costs["bytes accessed"] / hardware.memory_bandwidth)
     time_source = f"roofline of the FLOPs and bytes of {cost_source}"
@@ -249,8 +280,10 @@ def check_fits(report: StepReport, target_name: str) -> None:
         f" {FIT_HINT}")
 
 
-def format_report(report: StepReport, step: CompiledStep) -> str:
-  """The memory table and the FLOPs, time and collectives lines."""
+def format_report(report: StepReport, step: CompiledStep,
+                  title: str = "Train step") -> str:
+  """The memory table and the FLOPs, time and collectives lines, under
+  "`title` on <target>: ..."."""
   hardware = step.hardware
   mesh = " ".join(f"{name}={size}" for name, size in step.mesh.shape.items()
                   if size > 1) or "one device"
@@ -262,7 +295,7 @@ def format_report(report: StepReport, step: CompiledStep) -> str:
           ("total", report.total_bytes),
           (hardware.memory_name, report.memory_bytes)]
   width = max(len(name) for name, _ in rows)
-  lines = [f"Train step on {hardware.target.name}: {len(hardware.devices)} x"
+  lines = [f"{title} on {hardware.target.name}: {len(hardware.devices)} x"
            f" {hardware.device_kind}, mesh {mesh}; compiled in"
            f" {step.compile_time_s:.1f} s.",
            f"{'per device'.ljust(width)}  {'bytes':>16}  {'GiB':>8}"]
@@ -274,7 +307,7 @@ def format_report(report: StepReport, step: CompiledStep) -> str:
   if report.host_bytes:
     lines.append(f"host memory (offloaded): {_gib(report.host_bytes)}.")
   ratio = (f" (XLA / ours {report.xla_flops / report.model_flops:.2f})"
-           if report.model_flops else "")
+           if report.model_flops and report.xla_flops else "")
   lines.append(f"FLOPs per device per step: XLA {report.xla_flops:.4g}, ours"
                f" {report.model_flops:.4g}{ratio}; bytes accessed"
                f" {report.bytes_accessed:.4g} ({report.cost_source}).")

@@ -7,15 +7,24 @@
                       device per chip: megacore);
   v5e:2x2, v5p:4x4x12 the chip grid itself (any shape libtpu accepts);
   cpu:8               8 CPU devices of this process (the result can run here);
-  gpu:8               8 GPUs per host; with `num_slices=N`, N hosts mocked on
-                      this one (needs a host with 8 GPUs and jax's CUDA
-                      plugin).
+  h100:8, h200:8      8 GPUs of that kind per host, compile-only (no GPU
+                      needed: jax's CUDA PJRT plugin compiles for the GPU
+                      described by `GpuChip.target_config`); with
+                      `num_slices=N`, N such hosts;
+  gpu:8               8 GPUs per host on a host that has them; with
+                      `num_slices=N`, N hosts mocked on this one.
 
 `make_devices(target)` returns the devices to build the mesh on with their
 memory, peak FLOP/s and memory bandwidth. For TPU they are compile-only
 devices from `jax.experimental.topologies` (libtpu, which needs no TPU: this
 works on a CPU-only host); slices beyond the first carry `slice_index`, so the
-config's `mesh.dcn` sizes apply as on a real multi-slice job.
+config's `mesh.dcn` sizes apply as on a real multi-slice job. For h100/h200
+they are compile-only devices of the CUDA plugin (packages jax-cuda12-pjrt
+and jax-cuda12-plugin at jax's version, without the CUDA libraries), which
+loads on a CPU-only host while JAX's platforms are "cpu"
+(`configure_backend`); hosts beyond the first differ in `process_index`
+only (no `slice_index`), so `mesh.dcn` sizes stay 1 and the mesh spans all
+hosts' GPUs.
 """
 
 import dataclasses
@@ -73,6 +82,66 @@ TPU_CHIPS = {
 # Other spellings of a generation.
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6lite": "v6e"}
 
+@dataclasses.dataclass(frozen=True)
+class GpuChip:
+  """One GPU model that can be compiled for without a GPU.
+
+  Attributes:
+    name: The user-facing name in `--topology`, e.g. "h100".
+    device_kind: Its CUDA name (the compiled devices' `device_kind`).
+    memory_bytes: Device memory as CUDA reports it.
+    memory_bandwidth: HBM bytes/s.
+  """
+
+  name: str
+  device_kind: str
+  memory_bytes: int
+  memory_bandwidth: float
+
+  @property
+  def usable_bytes(self) -> int:
+    """What JAX's allocator takes by default (XLA_PYTHON_CLIENT_MEM_FRACTION
+    0.75), as `memory_stats()["bytes_limit"]` reports on a real GPU."""
+    return int(0.75 * self.memory_bytes)
+
+  def target_config(self) -> str:
+    """XLA's GpuTargetConfigProto (text) describing this GPU: the Hopper
+    (SM 9.0, 132 SMs) figures of XLA's gpu_specs/h100_sxm.txtpb with this
+    chip's memory, bandwidth and name."""
+    return f"""gpu_device_info {{
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {int(self.memory_bandwidth)}
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: {self.memory_bytes}
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability {{ major: 9 }}
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+device_description_str: "{self.device_kind}"
+"""
+
+
+# Hopper GPUs (SXM) by name: memory as CUDA reports it (H100: XLA's
+# h100_sxm.txtpb; H200: 143771 MiB, as nvidia-smi shows) and datasheet HBM
+# bandwidth.
+GPU_CHIPS = {
+    "h100": GpuChip("h100", "NVIDIA H100 80GB HBM3", 84_978_434_048,
+                    3.35232e12),
+    "h200": GpuChip("h200", "NVIDIA H200", 143_771 * 2**20, 4.8e12),
+}
+
 # HBM bytes/s per GPU, matched against `device_kind` in order.
 GPU_BANDWIDTH_BY_DEVICE_KIND = (
     (r"B200", 8.0e12),
@@ -83,7 +152,7 @@ GPU_BANDWIDTH_BY_DEVICE_KIND = (
 )
 
 _EXAMPLES = ("v5e-256, v5p-8, v4-8, v6e-16, v5e:2x2, v5p:2x2x4, cpu:8,"
-             " gpu:8")
+             " h100:8, h200:8, gpu:8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +167,8 @@ class Target:
     devices_per_slice: JAX devices in one slice.
     grid: TPU chip grid of one slice, e.g. (16, 16); () otherwise.
     chip: The TPU generation; None otherwise.
+    gpu: The GPU compiled for without a GPU (h100:8); None otherwise
+      (gpu:8 uses the attached GPUs).
   """
 
   name: str
@@ -106,6 +177,7 @@ class Target:
   devices_per_slice: int
   grid: tuple[int, ...] = ()
   chip: TpuChip | None = None
+  gpu: GpuChip | None = None
 
   @property
   def num_devices(self) -> int:
@@ -212,16 +284,18 @@ def parse_topology(name: str, num_slices: int = 1) -> Target:
     raise ValueError(f"--num_slices={num_slices!r} must be a positive"
                      " integer.")
   text = name.strip().lower()
-  match = re.fullmatch(r"(cpu|gpu):(\d+)", text)
-  if match:
+  match = re.fullmatch(r"(cpu|gpu|[a-z]\d+):(\d+)", text)
+  if match and (match.group(1) in ("cpu", "gpu") or
+                match.group(1) in GPU_CHIPS):
     platform, count = match.group(1), int(match.group(2))
     if count < 1:
       raise _bad_name(name, "the device count must be positive")
     if platform == "cpu" and num_slices != 1:
       raise ValueError(f"--num_slices={num_slices}: CPU devices have no"
                        " slices; use cpu:N with --num_slices=1.")
-    return Target(name=name, platform=platform, num_slices=num_slices,
-                  devices_per_slice=count)
+    return Target(name=name, platform="cpu" if platform == "cpu" else "gpu",
+                  num_slices=num_slices, devices_per_slice=count,
+                  gpu=GPU_CHIPS.get(platform))
   match = re.fullmatch(r"([a-z0-9]+?)(?:-(\d+)|:([0-9x]+))", text)
   if match is None or _ALIASES.get(match.group(1),
                                     match.group(1)) not in TPU_CHIPS:
@@ -233,14 +307,18 @@ def parse_topology(name: str, num_slices: int = 1) -> Target:
 def configure_backend(target: Target) -> None:
   """Sets up the local backend for `target`; call before JAX starts it.
 
-  CPU: asks for `devices_per_slice` CPU devices. GPU with several slices:
-  mocks that many hosts on this one. TPU needs nothing (its devices are
-  compile-only). Once JAX's backends are up these settings cannot change;
-  `make_devices` then reports a device count that does not fit.
+  CPU: asks for `devices_per_slice` CPU devices. Compile-only GPUs (h100:8):
+  JAX runs on the CPU, so the CUDA plugin loads without a GPU (it is not
+  initialised as a backend). GPU with several slices: mocks that many hosts
+  on this one. TPU needs nothing (its devices are compile-only). Once JAX's
+  backends are up these settings cannot change; `make_devices` then reports
+  a device count that does not fit.
   """
   try:
     if target.platform == "cpu":
       jax.config.update("jax_num_cpu_devices", target.devices_per_slice)
+    elif target.gpu is not None:
+      jax.config.update("jax_platforms", "cpu")
     elif target.platform == "gpu" and target.num_slices > 1:
       jax.config.update("jax_mock_gpu_topology",
                         f"{target.num_slices}x1x{target.devices_per_slice}")
@@ -274,6 +352,24 @@ def _tpu_devices(target: Target) -> list[Any]:
   return list(topology.devices)
 
 
+def _compile_only_gpus(target: Target) -> list[Any]:
+  gpu = target.gpu
+  try:
+    topology = topologies.get_topology_desc(
+        platform="cuda", target_config=gpu.target_config(),
+        topology=f"1x{target.num_slices}x{target.devices_per_slice}")
+  except (NotImplementedError, RuntimeError) as e:
+    raise ValueError(
+        f"--topology={target.name!r}: JAX cannot make compile-only"
+        f" {gpu.device_kind} devices ({' '.join(str(e).split())[:300]})."
+        " They need jax's CUDA PJRT plugin, the packages jax-cuda12-pjrt and"
+        f" jax-cuda12-plugin at jax's version ({jax.__version__}; no GPU and"
+        " no CUDA libraries needed), and JAX on the CPU platform"
+        " (JAX_PLATFORMS=cpu, which aot_compile sets). Without them use"
+        " gpu:N on a host with N GPUs, or a TPU or cpu:N target.") from e
+  return list(topology.devices)
+
+
 def make_devices(target: Target) -> Hardware:
   """The devices of `target` and their memory, peak FLOP/s and bandwidth.
 
@@ -289,6 +385,14 @@ def make_devices(target: Target) -> Hardware:
         memory_name=f"{chip.generation} HBM",
         peak_flops=flops.peak_flops_per_device(devices[0].device_kind),
         memory_bandwidth=chip.hbm_bandwidth)
+  if target.gpu is not None:
+    gpu = target.gpu
+    devices = _compile_only_gpus(target)
+    return Hardware(
+        target=target, devices=tuple(devices), memory_bytes=gpu.usable_bytes,
+        memory_name=f"{gpu.name.upper()} HBM x 0.75",
+        peak_flops=flops.peak_flops_per_device(gpu.device_kind),
+        memory_bandwidth=gpu.memory_bandwidth)
   try:
     devices = jax.devices(target.platform)
   except RuntimeError:

@@ -1,16 +1,29 @@
 """Tests of maxtext.aot.topology: names, slice shapes and compile-only
-devices (libtpu on this CPU host).
+devices (libtpu on this CPU host; H100s through jax's CUDA plugin where it
+is installed, else the error that says what is missing).
 
 Needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8).
 """
+
+import importlib.util
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import numpy as np
 
+from maxtext.aot import compile_step
+from maxtext.aot import tiny_experiment
 from maxtext.aot import topology
 from maxtext.sharding import mesh as mesh_lib
+
+
+
+def _has_cuda_plugin() -> bool:
+  try:
+    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+  except ModuleNotFoundError:  # No jax_plugins package at all.
+    return False
 
 # Slice names and chip grids as Cloud TPU lists them.
 _PUBLISHED_GRIDS = {
@@ -43,7 +56,11 @@ class ParseTest(parameterized.TestCase):
     cpu = topology.parse_topology("cpu:8")
     self.assertEqual((cpu.platform, cpu.num_devices), ("cpu", 8))
     gpu = topology.parse_topology("gpu:8", num_slices=4)
-    self.assertEqual((gpu.platform, gpu.num_devices), ("gpu", 32))
+    self.assertEqual((gpu.platform, gpu.num_devices, gpu.gpu),
+                     ("gpu", 32, None))
+    h200 = topology.parse_topology("H200:8", num_slices=2)
+    self.assertEqual((h200.platform, h200.num_devices, h200.gpu.device_kind),
+                     ("gpu", 16, "NVIDIA H200"))
 
   @parameterized.parameters(
       ("v5e-3", 1, r"v5e slices by name have \[1, 4, 8, .* chips; name other"
@@ -54,6 +71,8 @@ class ParseTest(parameterized.TestCase):
       ("v7-8", 1, r"unknown topology\. Valid forms: v5e-256, .*TPU"
        r" generations: \['v4', 'v5e', 'v5p', 'v6e'\]"),
       ("cpu:0", 1, r"the device count must be positive"),
+      ("h100:0", 1, r"the device count must be positive"),
+      ("a100:8", 1, r"unknown topology\. Valid forms: .* h100:8, h200:8"),
       ("cpu:8", 2, r"CPU devices have no slices"),
       ("v5e-4", 0, r"--num_slices=0 must be a positive integer"),
   )
@@ -107,6 +126,39 @@ class DevicesTest(absltest.TestCase):
         r" a host with 8 GPUs"):
       topology.make_devices(topology.parse_topology("gpu:8"))
 
+  def test_compile_only_h100s_on_this_host(self):
+    target = topology.parse_topology("h100:4", num_slices=2)
+    if not _has_cuda_plugin():
+      with self.assertRaisesRegex(
+          ValueError, r"'h100:4': JAX cannot make compile-only NVIDIA H100"
+          r" 80GB HBM3 devices .* packages jax-cuda12-pjrt and"
+          r" jax-cuda12-plugin at jax's version .* use gpu:N on a host with"
+          r" N GPUs, or a TPU or cpu:N target"):
+        topology.make_devices(target)
+      return
+    hardware = topology.make_devices(target)
+    self.assertLen(hardware.devices, 8)
+    self.assertEqual(hardware.device_kind, "NVIDIA H100 80GB HBM3")
+    # Two hosts of four GPUs.
+    self.assertEqual([d.process_index for d in hardware.devices],
+                     [0] * 4 + [1] * 4)
+    self.assertEqual(hardware.memory_bytes, int(0.75 * 84_978_434_048))
+    self.assertEqual(hardware.peak_flops, 989e12)
+    experiment = tiny_experiment.tiny_experiment(scan_layers=False)
+    step = compile_step.compile_train_step(experiment, hardware)
+    report = compile_step.analyse(step, experiment)
+    # The state is split over the 8 GPUs (FSDP): its arguments are about an
+    # eighth of the parameters and the Adam moments, in float32.
+    params = sum(x.size for x in jax.tree.leaves(
+        step.inputs.abstract_state.params))
+    self.assertBetween(report.argument_bytes, 3 * 4 * params / 8,
+                       1.2 * 3 * 4 * params / 8)
+    self.assertIn("all-gather", report.collectives)
+    self.assertIn("XLA gives no cost analysis",
+                  compile_step.format_report(report, step))
+
 
 if __name__ == "__main__":
+  # The CUDA plugin loads without a GPU only while JAX runs on the CPU.
+  jax.config.update("jax_platforms", "cpu")
   absltest.main()

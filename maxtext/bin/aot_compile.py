@@ -13,8 +13,18 @@ does not fit.
       --config.mesh.ici.data=1 --config.mesh.ici.fsdp=-1
 
 Topologies: v5e-256, v6e-16 (chips), v4-8, v5p-128 (TensorCores), v5e:2x2,
-v5p:4x4x12 (the chip grid), cpu:8 and gpu:8 (devices per host); --num_slices
-for several slices (the config's mesh.dcn sizes apply) or GPU hosts.
+v5p:4x4x12 (the chip grid), cpu:8, h100:8 and h200:8 (compile-only GPUs, with
+jax's CUDA PJRT plugin installed), gpu:8 (attached GPUs) (devices per
+host); --num_slices for several slices (the config's mesh.dcn sizes apply) or
+GPU hosts.
+
+A post-training config (configs/sft.py, recognised by its train.method)
+compiles the sft step instead: Tunix's PeftTrainer step on the model of
+the train.load checkpoint's config (no weights are read), with its LoRA
+adapters and optimizer, as `sft` builds them:
+
+  tools/bazel run //maxtext/bin:aot_compile -- --config=configs/sft.py:lora \
+      --config.train.load=ckpts/llama3_8b --topology=v5e-16
 
 --save=FILE writes the compiled step for `train --compiled=FILE`, which
 refuses a file compiled for another config or topology. --sweep compiles
@@ -27,11 +37,14 @@ import sys
 from absl import app
 from absl import flags
 
+from maxtext.aot import compile_sft
 from maxtext.aot import compile_step
 from maxtext.aot import saved_step
 from maxtext.aot import sweep as sweep_lib
 from maxtext.aot import topology as topology_lib
 from maxtext.common import cli
+from maxtext.posttrain import runtime as runtime_lib
+from maxtext.posttrain.config import PosttrainConfig
 from maxtext.sharding import report as report_lib
 from maxtext.trainers import config_flag
 from maxtext.trainers import workdir as workdir_lib
@@ -43,7 +56,8 @@ _CONFIG = config_flag.define_config_file(
     " fields with --config.<section>.<key>=<value>.")
 _TOPOLOGY = flags.DEFINE_string(
     "topology", None,
-    "Target: v5e-256, v5p-8, v4-8, v6e-16, v5e:2x2, cpu:8, gpu:8, ...")
+    "Target: v5e-256, v5p-8, v4-8, v6e-16, v5e:2x2, cpu:8, h100:8, h200:8,"
+    " gpu:8, ...")
 _NUM_SLICES = flags.DEFINE_integer(
     "num_slices", 1, "TPU slices (or GPU hosts) joined by the network.")
 _SAVE = flags.DEFINE_string(
@@ -90,6 +104,20 @@ def _compile(experiment: ExperimentConfig,
     print(f"Saved the compiled step to {path}.")
 
 
+def _compile_sft(config, hardware: topology_lib.Hardware) -> None:
+  if _SAVE.value or _SWEEP.value or _PARAMETERS.value:
+    raise ValueError("--save, --sweep and --parameters work with the train"
+                     " step; for the sft step drop them.")
+  runtime_lib.resolve_user_paths(config)
+  step = compile_sft.compile_sft_step(PosttrainConfig.from_config_dict(config),
+                                      hardware)
+  report = compile_sft.analyse(step)
+  print(compile_step.format_report(report, step.step,
+                                   title="Sft step (Tunix PeftTrainer)"),
+        end="")
+  compile_step.check_fits(report, hardware.target.name)
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -97,6 +125,9 @@ def main(argv: list[str]) -> None:
     target = topology_lib.parse_topology(_TOPOLOGY.value, _NUM_SLICES.value)
     topology_lib.configure_backend(target)
     hardware = topology_lib.make_devices(target)
+    if "method" in _CONFIG.value.train:  # A post-training config.
+      _compile_sft(_CONFIG.value, hardware)
+      return
     experiment = ExperimentConfig.from_config_dict(_CONFIG.value)
     if _SAVE.value:
       saved_step.disable_compilation_cache()

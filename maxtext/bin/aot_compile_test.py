@@ -13,6 +13,8 @@ import zipfile
 
 from absl.testing import absltest
 
+from maxtext.posttrain import posttrain_testing
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 # llama3's small config, shrunk.
@@ -26,9 +28,12 @@ _TIMEOUT_S = 300
 
 
 def _run(*args: str, binary: str = "aot_compile",
-         devices: int | None = None) -> subprocess.CompletedProcess:
-  """Runs `maxtext.bin.<binary>` with the tiny config and `args` (stdout and
-  stderr captured as text), on `devices` fake CPU devices if given."""
+         devices: int | None = None,
+         config: tuple[str, ...] = tuple(_TINY)
+         ) -> subprocess.CompletedProcess:
+  """Runs `maxtext.bin.<binary>` with `config` (default: the tiny config)
+  and `args` (stdout and stderr captured as text), on `devices` fake CPU
+  devices if given."""
   # The interpreter as this test was started (Bazel's adds -S -P).
   interpreter = ([sys.executable] + (["-S"] if sys.flags.no_site else []) +
                  (["-P"] if sys.flags.safe_path else []))
@@ -41,7 +46,7 @@ def _run(*args: str, binary: str = "aot_compile",
   env["PYTHONPATH"] = os.pathsep.join(
       p for p in (_ROOT, env.get("PYTHONPATH")) if p)
   return subprocess.run(
-      interpreter + ["-m", f"maxtext.bin.{binary}", *_TINY, *args],
+      interpreter + ["-m", f"maxtext.bin.{binary}", *config, *args],
       env=env, cwd=_ROOT, capture_output=True, text=True, timeout=_TIMEOUT_S,
       check=False)
 
@@ -116,6 +121,24 @@ class AotCompileTest(absltest.TestCase):
     self.assertEqual(lines[0].split()[:3], ["rank", "layout", "remat"])
     self.assertCountEqual([line.split()[1] for line in lines[1:]],
                           ["fsdp=8", "data=2,fsdp=4"])
+
+  def test_sft_config_compiles_the_sft_step(self):
+    folder = self.create_tempdir().full_path
+    load = posttrain_testing.write_checkpoint(folder)
+    sft_config = (f"--config={os.path.join(_ROOT, 'configs', 'sft.py')}:lora",
+                  f"--config.train.load={load}",
+                  "--config.data.files=unread.jsonl",
+                  "--config.data.seq_len=32", "--config.mesh.ici.data=1",
+                  "--config.mesh.ici.fsdp=-1")
+    result = _run("--topology=v5e:2x2", config=sft_config)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn("Sft step (Tunix PeftTrainer) on v5e:2x2: 4 x TPU v5 lite,"
+                  " mesh fsdp=4;", result.stdout)
+    self.assertRegex(result.stdout, r"fits: \d+\.\d% of v5e HBM\.")
+    result = _run("--topology=v5e:2x2", "--sweep", config=sft_config)
+    self.assertEqual(result.returncode, 1)
+    self.assertIn("--save, --sweep and --parameters work with the train step",
+                  result.stderr)
 
   def test_bad_topology_is_one_line(self):
     result = _run("--topology=v9-8")
