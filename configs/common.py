@@ -2,7 +2,7 @@
 
 A family config (`configs/<family>.py`) calls `family_config()`, which starts
 from `base_config()` and applies what the family and the chosen variant change.
-Sections, in this order: model, data, optimizer, train, mesh, sharding,
+Sections, in this order: model, qat, data, optimizer, train, mesh, sharding,
 checkpoint, logging.
 
 This module is data: importing it has no side effects.
@@ -31,20 +31,34 @@ def model_defaults() -> ml_collections.ConfigDict:
       dtype="float32",
       param_dtype="float32",
       scan_layers=True,
-      attention_impl="reference",
+      # maxtext.kernels.dispatch: "auto" picks per backend (TPU splash, GPU
+      # cuDNN or blockwise, CPU blockwise); the blocks tile blockwise and
+      # splash.
+      attention_impl="auto",
+      attention_block_q=512,
+      attention_block_kv=512,
       norm_eps=1e-6,
       norm_offset=0.0,
       post_norms=False,
       qk_norm=False,
       qkv_bias=False,
+      attention_output_bias=False,
+      attention_sinks=False,  # A learned sink logit per head (GPT-OSS).
       scale_embeddings=False,
       rope_theta=10_000.0,
+      # None: local layers use the global layers' rotary (GPT-OSS).
       rope_local_theta=10_000.0,
       rope_scaling="default",
       rope_scaling_factor=1.0,
       rope_low_freq_factor=1.0,
       rope_high_freq_factor=4.0,
       rope_original_max_length=8192,
+      # rope_scaling="yarn" (maxtext.layers.rope).
+      rope_yarn_beta_fast=32.0,
+      rope_yarn_beta_slow=1.0,
+      rope_yarn_truncate=True,
+      rope_yarn_mscale=0.0,
+      rope_yarn_mscale_all_dim=0.0,
       sliding_window=0,
       global_layer_interval=1,
       # None: queries are scaled by head_dim**-0.5.
@@ -75,6 +89,12 @@ def model_defaults() -> ml_collections.ConfigDict:
       router_score="softmax",  # Or "sigmoid" (DeepSeek-V3).
       router_normalize=True,  # Chosen weights divided by their sum.
       router_bias=False,  # DeepSeek's selection bias (no gradient).
+      # Moves router_bias against each step's expert loads (DeepSeek's
+      # auxiliary-loss-free balancing; their 0.001); 0 is off.
+      router_bias_update_rate=0.0,
+      router_logit_bias=False,  # A trained bias on the logits (GPT-OSS).
+      expert_bias=False,  # Biases on the experts' projections (GPT-OSS).
+      expert_gate_up_fused=False,  # One gate_up parameter (GPT-OSS).
       routed_scaling_factor=1.0,
       num_expert_groups=1,  # Group-limited routing (DeepSeek-V3); 1: off.
       expert_groups_per_token=1,
@@ -84,6 +104,17 @@ def model_defaults() -> ml_collections.ConfigDict:
       capacity_factor=1.25,
       load_balance_loss_weight=0.0,  # Auxiliary load-balancing loss.
       router_z_loss_weight=0.0,
+      # "gqa" or "mla" (DeepSeek's multi-head latent attention, whose
+      # head_dim is the rotary part's width; maxtext.layers.mla).
+      attention_type="gqa",
+      q_lora_rank=0,  # MLA: low-rank queries; 0: one full projection.
+      kv_lora_rank=0,  # MLA: width of the cached key/value latent.
+      qk_nope_head_dim=0,  # MLA: non-rotary part of query/key heads.
+      v_head_dim=0,  # MLA: value head width.
+      rope_interleave=False,  # MLA: rotary pairs (0, 1), (2, 3), ...
+      # Multi-token prediction depths (DeepSeek-V3; maxtext.models.mtp).
+      mtp_layers=0,
+      mtp_loss_weight=0.0,
   ))
 
 
@@ -198,6 +229,17 @@ def base_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
   config.model = model_defaults()
+
+  # Quantization-aware training with qwix (maxtext.quant.qat): the matmuls
+  # of modules whose path fully matches module_path (e.g.
+  # "blocks/attention/query", "blocks/3/mlp/up", "head") run on weights and
+  # activations fake-quantized to qtype, "none" (off), "int8" or "fp8"
+  # (e4m3), with straight-through gradients; parameters, optimizer state and
+  # checkpoints stay as they are. E.g. --config.qat.qtype=int8.
+  config.qat = ml_collections.ConfigDict(dict(
+      qtype="none",
+      module_path=r".*(attention|mlp).*",
+  ))
 
   config.data = ml_collections.ConfigDict()
   # Where records come from: 'text' (plain text files), 'jsonl', 'parquet',

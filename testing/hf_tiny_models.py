@@ -23,6 +23,22 @@ FAMILIES = {
                1.0),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM,
                 dict(head_dim=16, sliding_window=5), 1.0),
+    # MLA with low-rank queries and interleaved YaRN rotary; the first
+    # layer dense, then 8 sigmoid-routed experts in 4 groups + one shared.
+    "deepseek3": (transformers.DeepseekV3Config,
+                  transformers.DeepseekV3ForCausalLM,
+                  dict(num_hidden_layers=3, num_key_value_heads=4,
+                       q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8,
+                       qk_nope_head_dim=12, v_head_dim=10,
+                       moe_intermediate_size=32, n_routed_experts=8,
+                       num_experts_per_tok=2, n_group=4, topk_group=2,
+                       n_shared_experts=1, first_k_dense_replace=1,
+                       routed_scaling_factor=2.5, rope_parameters=dict(
+                           rope_type="yarn", rope_theta=10_000.0,
+                           factor=4.0, original_max_position_embeddings=16,
+                           beta_fast=32.0, beta_slow=1.0, mscale=1.0,
+                           mscale_all_dim=1.0)),
+                  1.0),
     "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM,
               dict(num_key_value_heads=1, head_dim=24), 0.0),
     "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
@@ -42,6 +58,13 @@ FAMILIES = {
     "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
                 dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2),
                 1.0),
+    # Yarn over a short original context, so it matters in short sequences.
+    "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM,
+                dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                     sliding_window=5, rope_parameters=dict(
+                         rope_type="yarn", rope_theta=150_000.0, factor=4.0,
+                         beta_fast=32.0, beta_slow=1.0, truncate=False,
+                         original_max_position_embeddings=16)), 1.0),
     "qwen3_moe": (transformers.Qwen3MoeConfig,
                   transformers.Qwen3MoeForCausalLM,
                   dict(head_dim=16, num_experts=4, num_experts_per_tok=2,

@@ -5,9 +5,11 @@ thousand parameters (the family's own choices such as norms, soft-caps and
 the local/global pattern kept), for tests that run every family.
 """
 
+from configs import deepseek3
 from configs import gemma
 from configs import gemma2
 from configs import gemma3
+from configs import gpt_oss
 from configs import llama2
 from configs import llama3
 from configs import mistral
@@ -19,9 +21,10 @@ from maxtext.common.model_config import ModelConfig
 
 # family -> its config module (`configs/<family>.py`).
 CONFIG_MODULES = {
-    "gemma": gemma, "gemma2": gemma2, "gemma3": gemma3, "llama2": llama2,
-    "llama3": llama3, "mistral": mistral, "mixtral": mixtral,
-    "qwen2_5": qwen2_5, "qwen3": qwen3, "qwen3_moe": qwen3_moe,
+    "deepseek3": deepseek3, "gemma": gemma, "gemma2": gemma2,
+    "gemma3": gemma3, "gpt_oss": gpt_oss, "llama2": llama2, "llama3": llama3,
+    "mistral": mistral, "mixtral": mixtral, "qwen2_5": qwen2_5,
+    "qwen3": qwen3, "qwen3_moe": qwen3_moe,
 }
 
 
@@ -33,6 +36,9 @@ def tiny_model_config(family: str, *, window: int,
                num_heads=4, num_kv_heads=2, head_dim=8)
   if model.num_experts:
     model.moe_mlp_dim = 16
+  if model.attention_type == "mla":  # Per-head keys and values.
+    model.update(num_kv_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                 qk_nope_head_dim=8, v_head_dim=8)
   model.update(changes)
   if model.sliding_window:
     model.sliding_window = window

@@ -55,6 +55,15 @@ def activation_sharding(constrainer: Constrainer | None) -> Iterator[None]:
     _CONSTRAINER.reset(token)
 
 
+def current_constrainer() -> Constrainer | None:
+  """The constrainer of the innermost `activation_sharding` (None outside).
+
+  For code whose compute layout is more than constraints: the experts'
+  token exchange and the kernels' shard_map read its mesh and rules.
+  """
+  return _CONSTRAINER.get()
+
+
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   """`x` with the compute layout of logical axes `names` (one per dim)."""
   constrainer = _CONSTRAINER.get()

@@ -10,8 +10,9 @@ code reads these fields and never branches on `family`.
 Layer pattern: with `sliding_window > 0`, layer `i` (0-based) is global when
 `(i + 1) % global_layer_interval == 0` and local (sliding window) otherwise;
 `global_layer_interval = 0` makes every layer local. Local layers use plain
-rotary embeddings with base `rope_local_theta`; global layers use base
-`rope_theta` and the `rope_scaling` kind.
+rotary embeddings with base `rope_local_theta` (None: the global layers'
+rotary, as in GPT-OSS); global layers use base `rope_theta` and the
+`rope_scaling` kind.
 """
 
 import dataclasses
@@ -20,8 +21,11 @@ from typing import Any
 
 DTYPES = ("float32", "bfloat16")
 ROPE_SCALINGS = ("default", "linear", "llama3", "yarn")
-MLP_ACTIVATIONS = ("silu", "gelu_tanh")
-ATTENTION_IMPLS = ("reference", "xla")
+MLP_ACTIVATIONS = ("silu", "gelu_tanh", "clamped_swiglu")
+# See maxtext.kernels.dispatch.
+ATTENTION_IMPLS = ("auto", "reference", "blockwise", "xla", "cudnn", "splash")
+# "gqa": maxtext.layers.attention; "mla": maxtext.layers.mla (DeepSeek).
+ATTENTION_TYPES = ("gqa", "mla")
 # See maxtext.layers.remat.
 REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp",
                   "save_qkv_proj", "save_out_proj", "nothing_saveable",
@@ -58,19 +62,29 @@ class ModelConfig:
     param_dtype: Parameter dtype name.
     scan_layers: Stack the blocks' parameters and run them with a scan, so
       compile time does not grow with depth.
-    attention_impl: "reference" (plain JAX) or "xla"
-      (`jax.nn.dot_product_attention` with JAX's choice of backend).
+    attention_impl: Attention kernel (`maxtext.kernels.dispatch`): "auto"
+      (TPU splash, GPU cuDNN where it serves the layer else blockwise, CPU
+      blockwise), "reference" (plain JAX), "blockwise" (flash-style plain
+      JAX), "xla" (`jax.nn.dot_product_attention`), "cudnn" (its cuDNN
+      backend) or "splash" (TPU Pallas).
+    attention_block_q: Query tile of the "blockwise" and "splash" kernels.
+    attention_block_kv: Key tile of the "blockwise" and "splash" kernels.
     norm_eps: RMSNorm epsilon.
     norm_offset: RMSNorm multiplies by `norm_offset + scale` (Gemma: 1.0, with
       the scale initialised to zero).
     post_norms: Also normalise the outputs of attention and MLP before the
       residual add (Gemma 2/3 "sandwich" norms).
     qk_norm: RMSNorm over the head dim of queries and keys.
-    qkv_bias: The query, key and value projections add a bias (Qwen 2.5);
-      the output projection never has one.
+    qkv_bias: The query, key and value projections add a bias (Qwen 2.5,
+      GPT-OSS).
+    attention_output_bias: The attention output projection adds a bias
+      (GPT-OSS).
+    attention_sinks: Each query head has a learned sink logit that joins its
+      softmax denominator (GPT-OSS; `maxtext.kernels.attention`).
     scale_embeddings: Multiply token embeddings by sqrt(embed_dim).
     rope_theta: Rotary base of global layers.
-    rope_local_theta: Rotary base of local (sliding window) layers.
+    rope_local_theta: Rotary base of local (sliding window) layers; None:
+      local layers use the global layers' rotary (base and scaling).
     rope_scaling: Frequency scaling of global layers: "default" (none),
       "linear" (positions divided by `rope_scaling_factor`), "llama3" or
       "yarn" (`maxtext.layers.rope`).
@@ -95,7 +109,9 @@ class ModelConfig:
     attn_logit_softcap: Attention logits become `c * tanh(logits / c)`; 0 is
       off.
     final_logit_softcap: Same for the output logits; 0 is off.
-    mlp_activation: Gate activation of the MLP: "silu" or "gelu_tanh".
+    mlp_activation: Gated unit of the MLP and experts: "silu" (SwiGLU),
+      "gelu_tanh" (GeGLU) or "clamped_swiglu" (GPT-OSS;
+      `maxtext.layers.mlp.clamped_swiglu`).
     remat_policy: What the backward pass of each block recomputes, by name
       (`maxtext.layers.remat`): "none" keeps every activation; "custom"
       follows `remat_custom`.
@@ -124,6 +140,17 @@ class ModelConfig:
     router_bias: A per-expert bias, added to the scores only to choose the
       experts (DeepSeek-V3's e_score_correction_bias); it is not trained by
       gradients but moved by `maxtext.layers.moe.update_router_bias`.
+    router_bias_update_rate: After each training update, each expert's
+      `router_bias` moves by this much against its load of that step
+      (DeepSeek-V3's auxiliary-loss-free balancing, their gamma = 0.001);
+      0 is off. Needs router_bias=True.
+    router_logit_bias: The router adds a trained per-expert bias to its
+      logits (GPT-OSS); unlike router_bias it also changes the weights.
+    expert_bias: The routed experts' gate, up and down projections add a
+      per-expert bias (GPT-OSS).
+    expert_gate_up_fused: The routed experts' gate and up projections are
+      one parameter `gate_up` [experts, embed, 2, moe_mlp_dim] (GPT-OSS
+      checkpoints store them as one tensor) instead of `gate` and `up`.
     routed_scaling_factor: Multiplies the routed experts' weights.
     num_expert_groups: Experts are split into this many groups; a token
       chooses experts only within its best `expert_groups_per_token` groups
@@ -141,6 +168,24 @@ class ModelConfig:
       probability); 0 is off.
     router_z_loss_weight: Weight of the router z-loss, the mean of
       logsumexp(router logits)^2; 0 is off.
+    attention_type: "gqa" (`maxtext.layers.attention`) or "mla", DeepSeek's
+      multi-head latent attention (`maxtext.layers.mla`). With "mla",
+      `head_dim` is the width of the decoupled rotary part of each query
+      and key head (DeepSeek's qk_rope_head_dim) and num_kv_heads equals
+      num_heads.
+    q_lora_rank: "mla": rank of the low-rank query projection; 0 means one
+      full query projection.
+    kv_lora_rank: "mla": width of the compressed key/value latent (what
+      the KV cache stores per token, with the rotary key).
+    qk_nope_head_dim: "mla": width of the non-rotary part of each query and
+      key head (the softmax scale is (qk_nope_head_dim + head_dim)**-0.5).
+    v_head_dim: "mla": width of each value head.
+    rope_interleave: "mla": the rotary part pairs dimensions (0, 1), (2, 3),
+      ... (DeepSeek's checkpoints) instead of (k, k + K/2).
+    mtp_layers: DeepSeek-V3 multi-token prediction: depth-k modules
+      (`maxtext.models.mtp`) predicting the token k + 1 ahead; 0 is off.
+    mtp_loss_weight: Weight of the mean over depths of their cross-entropy
+      in the training objective.
   """
 
   family: str
@@ -155,15 +200,19 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   scan_layers: bool = True
-  attention_impl: str = "reference"
+  attention_impl: str = "auto"
+  attention_block_q: int = 512
+  attention_block_kv: int = 512
   norm_eps: float = 1e-6
   norm_offset: float = 0.0
   post_norms: bool = False
   qk_norm: bool = False
   qkv_bias: bool = False
+  attention_output_bias: bool = False
+  attention_sinks: bool = False
   scale_embeddings: bool = False
   rope_theta: float = 10_000.0
-  rope_local_theta: float = 10_000.0
+  rope_local_theta: float | None = 10_000.0
   rope_scaling: str = "default"
   rope_scaling_factor: float = 1.0
   rope_low_freq_factor: float = 1.0
@@ -192,6 +241,10 @@ class ModelConfig:
   router_score: str = "softmax"
   router_normalize: bool = True
   router_bias: bool = False
+  router_logit_bias: bool = False
+  expert_bias: bool = False
+  expert_gate_up_fused: bool = False
+  router_bias_update_rate: float = 0.0
   routed_scaling_factor: float = 1.0
   num_expert_groups: int = 1
   expert_groups_per_token: int = 1
@@ -199,6 +252,14 @@ class ModelConfig:
   capacity_factor: float = 1.25
   load_balance_loss_weight: float = 0.0
   router_z_loss_weight: float = 0.0
+  attention_type: str = "gqa"
+  q_lora_rank: int = 0
+  kv_lora_rank: int = 0
+  qk_nope_head_dim: int = 0
+  v_head_dim: int = 0
+  rope_interleave: bool = False
+  mtp_layers: int = 0
+  mtp_loss_weight: float = 0.0
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
@@ -231,7 +292,8 @@ class ModelConfig:
     if self.head_dim % 2:
       _fail("head_dim", self.head_dim, "must be even (rotary embeddings)")
     for name in ("tie_embeddings", "scan_layers", "post_norms", "qk_norm",
-                 "qkv_bias", "scale_embeddings", "rope_yarn_truncate"):
+                 "qkv_bias", "attention_output_bias", "attention_sinks",
+                 "scale_embeddings", "rope_yarn_truncate"):
       if not isinstance(getattr(self, name), bool):
         _fail(name, getattr(self, name), "must be True or False")
     for name, valid in (("dtype", DTYPES), ("param_dtype", DTYPES),
@@ -241,9 +303,12 @@ class ModelConfig:
                         ("remat_policy", REMAT_POLICIES)):
       if getattr(self, name) not in valid:
         _fail(name, getattr(self, name), f"valid values are {valid}")
-    for name in ("norm_eps", "rope_theta", "rope_local_theta"):
+    for name in ("norm_eps", "rope_theta"):
       if getattr(self, name) <= 0:
         _fail(name, getattr(self, name), "must be positive")
+    if self.rope_local_theta is not None and self.rope_local_theta <= 0:
+      _fail("rope_local_theta", self.rope_local_theta,
+            "must be positive, or None (the global layers' rotary)")
     for name in ("attn_logit_softcap", "final_logit_softcap", "sliding_window",
                  "global_layer_interval"):
       if getattr(self, name) < 0:
@@ -259,11 +324,12 @@ class ModelConfig:
       _fail("rope_high_freq_factor", self.rope_high_freq_factor,
             "llama3 scaling needs 0 < rope_low_freq_factor "
             f"({self.rope_low_freq_factor}) < rope_high_freq_factor")
+    # Equal bounds are allowed (Kimi K2: both 1).
     if self.rope_scaling == "yarn" and not (
-        0 < self.rope_yarn_beta_slow < self.rope_yarn_beta_fast):
+        0 < self.rope_yarn_beta_slow <= self.rope_yarn_beta_fast):
       _fail("rope_yarn_beta_fast", self.rope_yarn_beta_fast,
             "yarn scaling needs 0 < rope_yarn_beta_slow "
-            f"({self.rope_yarn_beta_slow}) < rope_yarn_beta_fast")
+            f"({self.rope_yarn_beta_slow}) <= rope_yarn_beta_fast")
     if self.rope_original_max_length < 1:
       _fail("rope_original_max_length", self.rope_original_max_length,
             "must be a positive integer")
@@ -279,12 +345,24 @@ class ModelConfig:
     if scalar is not None and scalar <= 0:
       _fail("query_pre_attn_scalar", self.query_pre_attn_scalar,
             "must be positive or None (None means head_dim)")
-    if self.attention_impl == "xla" and self.attn_logit_softcap:
+    if self.attention_impl in ("xla", "cudnn") and self.attn_logit_softcap:
       _fail("attention_impl", self.attention_impl,
-            "the xla implementation has no attention-logit soft-cap; use "
-            '"reference" or set attn_logit_softcap=0')
+            f"the {self.attention_impl} implementation has no attention-logit"
+            ' soft-cap; use "auto", "reference", "blockwise" or "splash", or'
+            " set attn_logit_softcap=0")
+    if self.attention_impl in ("xla", "cudnn") and self.attention_sinks:
+      _fail("attention_impl", self.attention_impl,
+            f"the {self.attention_impl} implementation has no attention "
+            'sinks; use "auto", "reference", "blockwise" or "splash", or set'
+            " attention_sinks=False")
+    for name in ("attention_block_q", "attention_block_kv"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        _fail(name, value, "must be a positive integer")
     self._check_pipeline()
     self._check_moe()
+    self._check_mla()
+    self._check_mtp()
     self._normalize_remat_custom()
 
   def _normalize_remat_custom(self):
@@ -347,11 +425,16 @@ class ModelConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         _fail(name, value, "must be an integer >= 0")
+    expert_flags = ("router_logit_bias", "expert_bias",
+                    "expert_gate_up_fused")
+    for name in expert_flags:
+      if not isinstance(getattr(self, name), bool):
+        _fail(name, getattr(self, name), "must be True or False")
     if not self.num_experts:
-      if self.num_shared_experts or self.first_dense_layers:
-        _fail("num_experts", self.num_experts,
-              "must be positive when num_shared_experts or "
-              "first_dense_layers is set")
+      for name in ("num_shared_experts", "first_dense_layers") + expert_flags:
+        if getattr(self, name):
+          _fail("num_experts", self.num_experts,
+                f"must be positive when {name} is set")
       return
     for name, valid in (("router_score", ROUTER_SCORES),
                         ("moe_impl", MOE_IMPLS)):
@@ -384,13 +467,61 @@ class ModelConfig:
     for name in ("routed_scaling_factor", "capacity_factor"):
       if getattr(self, name) <= 0:
         _fail(name, getattr(self, name), "must be positive")
-    for name in ("load_balance_loss_weight", "router_z_loss_weight"):
+    for name in ("load_balance_loss_weight", "router_z_loss_weight",
+                 "router_bias_update_rate"):
       if getattr(self, name) < 0:
         _fail(name, getattr(self, name), "must be >= 0 (0 turns it off)")
+    if self.router_bias_update_rate and not self.router_bias:
+      _fail("router_bias_update_rate", self.router_bias_update_rate,
+            "needs router_bias=True (there is no bias to move); set"
+            " router_bias or use 0")
     if self.pipeline_stages > 1:
       _fail("pipeline_stages", self.pipeline_stages,
             "pipelining is not supported with experts (num_experts="
             f"{self.num_experts}); use 1")
+
+  def _check_mla(self):
+    if self.attention_type not in ATTENTION_TYPES:
+      _fail("attention_type", self.attention_type,
+            f"valid values are {ATTENTION_TYPES}")
+    mla_fields = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                  "v_head_dim")
+    for name in mla_fields:
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _fail(name, value, "must be an integer >= 0")
+    if not isinstance(self.rope_interleave, bool):
+      _fail("rope_interleave", self.rope_interleave, "must be True or False")
+    if self.attention_type != "mla":
+      for name in mla_fields + ("rope_interleave",):
+        if getattr(self, name):
+          _fail(name, getattr(self, name),
+                f'only attention_type="mla" reads it, not '
+                f"{self.attention_type!r}; leave it at its default")
+      return
+    for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+      if getattr(self, name) < 1:
+        _fail(name, getattr(self, name),
+              'must be positive with attention_type="mla"')
+    if self.num_kv_heads != self.num_heads:
+      _fail("num_kv_heads", self.num_kv_heads,
+            f'must equal num_heads={self.num_heads} with attention_type='
+            '"mla" (every head has its own keys and values)')
+    for name in ("qk_norm", "qkv_bias", "sliding_window"):
+      if getattr(self, name):
+        _fail(name, getattr(self, name),
+              'is not supported with attention_type="mla"')
+
+  def _check_mtp(self):
+    value = self.mtp_layers
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      _fail("mtp_layers", value, "must be an integer >= 0 (0 is off)")
+    if self.mtp_loss_weight < 0:
+      _fail("mtp_loss_weight", self.mtp_loss_weight, "must be >= 0")
+    if value and self.pipeline_stages > 1:
+      _fail("mtp_layers", value,
+            "multi-token prediction is not supported with pipeline_stages="
+            f"{self.pipeline_stages}; use 0")
 
   def moe_layer(self, layer: int) -> bool:
     """Whether layer `layer` (0-based) has experts instead of a dense MLP."""
@@ -407,6 +538,8 @@ class ModelConfig:
 
   @property
   def query_scale(self) -> float:
-    """Multiplier applied to queries before the dot product with keys."""
-    scalar = self.query_pre_attn_scalar or self.head_dim
+    """Multiplier applied to queries before the dot product with keys
+    (with MLA, their width is qk_nope_head_dim + head_dim)."""
+    scalar = self.query_pre_attn_scalar or (
+        self.head_dim + self.qk_nope_head_dim)
     return scalar**-0.5

@@ -6,12 +6,18 @@ Both take the same arguments and compute the same function:
 over keys j allowed by the mask: causal (j <= i), within the sliding window
 (i - j < window) when a window is given, and in the same segment as i when
 segment ids are given (packed sequences). R = H // G query heads share one
-key/value head (GQA; MQA when G == 1). Decoding with a KV cache passes an
+key/value head (GQA; MQA when G == 1). With attention sinks (GPT-OSS), query
+head h also has a learned logit `sinks_H[h]` that joins every row's softmax
+denominator and attends to nothing:
+  o[b, i, h] = sum_j exp(l_j) v_j / (exp(sinks_H[h]) + sum_j exp(l_j)).
+Decoding with a KV cache passes an
 explicit `mask_BLS` instead (see `positions_mask`): queries then see cached
 keys by position, and S may differ from L.
 
 Shape key: B batch, L query length, S key length (== L without a mask),
-H query heads, G key/value heads, R = H // G, K head dim.
+H query heads, G key/value heads, R = H // G, K head dim (the values' head
+dim may differ from the queries' and keys', as in DeepSeek's MLA; the output
+has the values').
 """
 
 from collections.abc import Callable
@@ -70,6 +76,7 @@ def reference_attention(
     segment_ids_BL: jax.Array | None = None,
     logit_softcap: float = 0.0,
     mask_BLS: jax.Array | None = None,
+    sinks_H: jax.Array | None = None,
 ) -> jax.Array:
   """Plain-JAX attention; logits and softmax in float32.
 
@@ -83,6 +90,8 @@ def reference_attention(
     logit_softcap: Logits become `c * tanh(logits / c)`; 0 is off.
     mask_BLS: Explicit mask (True: may attend) replacing the causal, window
       and segment masks, e.g. `positions_mask` over a KV cache.
+    sinks_H: Attention-sink logit of each query head (float32, in the units
+      of the scaled logits); None: no sinks.
 
   Returns:
     Attention output [B, L, H, K] in the dtype of `v_BSGK`.
@@ -101,9 +110,20 @@ def reference_attention(
   mask_B11LS = mask_BLS[:, None, None]
   logits_BGRLS = jnp.where(mask_B11LS, logits_BGRLS,
                            jnp.finfo(jnp.float32).min)
-  probs_BGRLS = jax.nn.softmax(logits_BGRLS, axis=-1).astype(v_BSGK.dtype)
+  if sinks_H is None:
+    probs_BGRLS = jax.nn.softmax(logits_BGRLS, axis=-1)
+  else:
+    # The sink joins each row as one more key, dropped after the softmax.
+    sinks_BGRL1 = jnp.broadcast_to(
+        sinks_H.astype(jnp.float32).reshape(
+            1, num_kv_heads, num_heads // num_kv_heads, 1, 1),
+        (*logits_BGRLS.shape[:-1], 1))
+    probs_BGRLS = jax.nn.softmax(
+        jnp.concatenate([logits_BGRLS, sinks_BGRL1], axis=-1),
+        axis=-1)[..., :-1]
+  probs_BGRLS = probs_BGRLS.astype(v_BSGK.dtype)
   o_BLGRK = jnp.einsum("bgrls,bsgk->blgrk", probs_BGRLS, v_BSGK)
-  return o_BLGRK.reshape(batch, length, num_heads, head_dim)
+  return o_BLGRK.reshape(batch, length, num_heads, v_BSGK.shape[-1])
 
 
 def xla_attention(
@@ -116,25 +136,42 @@ def xla_attention(
     segment_ids_BL: jax.Array | None = None,
     logit_softcap: float = 0.0,
     mask_BLS: jax.Array | None = None,
+    sinks_H: jax.Array | None = None,
+    implementation: str | None = None,
 ) -> jax.Array:
   """`jax.nn.dot_product_attention`: same arguments as `reference_attention`.
 
-  JAX chooses the backend (`implementation=None`; JAX 0.10 picks XLA on every
-  platform). The causal mask and window are passed as such, so a fused
+  `implementation` is passed on: None lets JAX choose (JAX 0.10 picks XLA on
+  every platform), "cudnn" asks for cuDNN flash attention (GPU, bf16/fp16).
+  The causal mask and window are passed as such, so a fused
   backend need not materialise them; only segment ids become an explicit
   mask.
 
   Raises:
-    ValueError: `logit_softcap` is set (no fused backend supports it).
+    ValueError: `logit_softcap` or `sinks_H` is set (no fused backend
+      supports them).
   """
   if logit_softcap:
     raise ValueError(
         f"xla_attention has no attention-logit soft-cap (got {logit_softcap});"
         " use reference_attention.")
+  if sinks_H is not None:
+    raise ValueError("xla_attention has no attention sinks (got sinks_H of "
+                     f"shape {sinks_H.shape}); use reference_attention.")
   _check_mask_args(mask_BLS, window, segment_ids_BL)
+  # One head dim for all three: zero-pad the narrower side (MLA's values),
+  # which changes neither the logits nor the kept output columns.
+  value_dim = v_BSGK.shape[-1]
+  width = max(value_dim, q_BLHK.shape[-1])
+
+  def pad(x):
+    return jnp.pad(x, ((0, 0),) * 3 + ((0, width - x.shape[-1]),))
+
+  q_BLHK, k_BSGK, v_BSGK = pad(q_BLHK), pad(k_BSGK), pad(v_BSGK)
   if mask_BLS is not None:
-    return jax.nn.dot_product_attention(q_BLHK, k_BSGK, v_BSGK,
-                                        mask=mask_BLS[:, None], scale=scale)
+    return jax.nn.dot_product_attention(
+        q_BLHK, k_BSGK, v_BSGK, mask=mask_BLS[:, None], scale=scale,
+        implementation=implementation)[..., :value_dim]
   mask_B1LS = None
   if segment_ids_BL is not None:
     length = q_BLHK.shape[1]
@@ -147,7 +184,8 @@ def xla_attention(
       scale=scale,
       is_causal=True,
       local_window_size=None if window is None else (window - 1, 0),
-  )
+      implementation=implementation,
+  )[..., :value_dim]
 
 
 IMPLEMENTATIONS: dict[str, Callable[..., jax.Array]] = {

@@ -24,8 +24,10 @@ def _segments():
                    [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]], np.int32)
 
 
-def _naive_attention(q, k, v, scale, window, segment_ids, softcap):
-  """One query at a time, keys chosen by explicit rules."""
+def _naive_attention(q, k, v, scale, window, segment_ids, softcap,
+                     sinks=None):
+  """One query at a time, keys chosen by explicit rules; a head's sink
+  logit adds exp(sink) to its softmax denominator."""
   out = np.zeros_like(q)
   group = q.shape[2] // k.shape[2]
   for b in range(q.shape[0]):
@@ -38,8 +40,10 @@ def _naive_attention(q, k, v, scale, window, segment_ids, softcap):
         logits = logits * scale
         if softcap:
           logits = softcap * np.tanh(logits / softcap)
-        probs = np.exp(logits - logits.max())
-        probs /= probs.sum()
+        top = logits.max() if sinks is None else max(logits.max(), sinks[h])
+        probs = np.exp(logits - top)
+        sink = 0.0 if sinks is None else np.exp(sinks[h] - top)
+        probs /= probs.sum() + sink
         out[b, i, h] = probs @ v[b, keys, h // group]
   return out
 
@@ -75,6 +79,37 @@ class AttentionTest(parameterized.TestCase):
     self.assertGreater(np.abs(got - uncapped).max(), 1e-2)
 
   @parameterized.named_parameters(*_CASES)
+  def test_reference_sinks_match_naive_loop(self, num_heads, num_kv_heads,
+                                            window, segments):
+    q, k, v = _inputs(num_heads, num_kv_heads, seed=2)
+    segment_ids = _segments() if segments else None
+    sinks = np.linspace(-1.0, 2.0, num_heads).astype(np.float32)
+    got = attention.reference_attention(
+        q, k, v, scale=0.3, window=window, segment_ids_BL=segment_ids,
+        sinks_H=sinks)
+    want = _naive_attention(q, k, v, 0.3, window, segment_ids, 0.0, sinks)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # The sinks matter (the test is not vacuous).
+    without = attention.reference_attention(
+        q, k, v, scale=0.3, window=window, segment_ids_BL=segment_ids)
+    self.assertGreater(np.abs(got - without).max(), 1e-2)
+
+  def test_sinks_apply_with_an_explicit_mask(self):
+    q, k, v = _inputs(4, 2)
+    sinks = np.array([0.5, -0.5, 1.0, 0.0], np.float32)
+    positions = np.broadcast_to(np.arange(_L), q.shape[:2])
+    mask = attention.positions_mask(positions, _L, 3)
+    np.testing.assert_allclose(
+        attention.reference_attention(q, k, v, scale=0.3, mask_BLS=mask,
+                                      sinks_H=sinks),
+        _naive_attention(q, k, v, 0.3, 3, None, 0.0, sinks), atol=1e-5)
+
+  def test_xla_rejects_sinks(self):
+    q, k, v = _inputs(4, 2)
+    with self.assertRaisesRegex(ValueError, "sinks"):
+      attention.xla_attention(q, k, v, scale=1.0, sinks_H=np.zeros(4))
+
+  @parameterized.named_parameters(*_CASES)
   def test_xla_matches_reference(self, num_heads, num_kv_heads, window,
                                  segments):
     q, k, v = _inputs(num_heads, num_kv_heads, seed=1)
@@ -107,9 +142,9 @@ class AttentionTest(parameterized.TestCase):
     out3 = kernel(q, k2, v2, scale=0.3, window=window)
     self.assertGreater(np.abs(out3[:, query] - out[:, query]).max(), 1e-3)
 
-  def test_implementations_match_config_choices(self):
-    self.assertEqual(set(attention.IMPLEMENTATIONS),
-                     set(model_config.ATTENTION_IMPLS))
+  def test_implementations_are_config_choices(self):
+    self.assertLess(set(attention.IMPLEMENTATIONS),
+                    set(model_config.ATTENTION_IMPLS))
 
 
 class PositionsMaskTest(parameterized.TestCase):

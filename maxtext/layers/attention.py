@@ -15,12 +15,14 @@ values are written at those positions and the queries attend over the cache
 """
 
 import jax
+import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from flax import nnx
 
 from maxtext.common import axes
 from maxtext.common.model_config import ModelConfig
 from maxtext.kernels import attention as attention_kernels
+from maxtext.kernels import dispatch as attention_dispatch
 from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import linear
 from maxtext.layers import norm
@@ -30,7 +32,11 @@ from maxtext.layers import rope
 class Attention(nnx.Module):
   """q/k/v projections -> (q/k norm) -> rotary -> causal attention -> output.
 
-  With `cfg.qkv_bias` the q/k/v projections (not the output) add a bias.
+  With `cfg.qkv_bias` the q/k/v projections add a bias, with
+  `cfg.attention_output_bias` the output projection; with
+  `cfg.attention_sinks` each query head has a learned sink logit `sinks`
+  [H] (float32 in the kernel) joining its softmax denominator, in training
+  and decoding alike.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -49,7 +55,11 @@ class Attention(nnx.Module):
     self.value = project((cfg.embed_dim,), kv_heads, (axes.EMBED,),
                          (axes.KV_HEADS, axes.HEAD_DIM), cfg.qkv_bias)
     self.output = project(heads, (cfg.embed_dim,), (axes.HEADS, axes.HEAD_DIM),
-                          (axes.EMBED,))
+                          (axes.EMBED,), cfg.attention_output_bias)
+    self.sinks = (axes.param(jnp.zeros((cfg.num_heads,),
+                                       jnp.dtype(cfg.param_dtype)),
+                             (axes.HEADS,))
+                  if cfg.attention_sinks else None)
     if cfg.qk_norm:
       def head_norm():
         return norm.RMSNorm(cfg.head_dim, axis_name=axes.HEAD_DIM,
@@ -60,7 +70,9 @@ class Attention(nnx.Module):
       self.key_norm = head_norm()
     else:
       self.query_norm = self.key_norm = None
-    self.kernel = attention_kernels.IMPLEMENTATIONS[cfg.attention_impl]
+    self.kernel = attention_dispatch.kernel(
+        cfg.attention_impl, block_q=cfg.attention_block_q,
+        block_kv=cfg.attention_block_kv)
     self.scale = cfg.query_scale
     self.logit_softcap = cfg.attn_logit_softcap
 
@@ -91,11 +103,13 @@ class Attention(nnx.Module):
     q_BLHK = axes.constrain(rotary.apply(q_BLHK), q_names)
     k_BLGK = axes.constrain(rotary.apply(k_BLGK), kv_names)
     v_BLGK = axes.constrain(v_BLGK, kv_names)
+    sinks_H = (None if self.sinks is None
+               else self.sinks[...].astype(jnp.float32))
     if cache is None:
       o_BLHK = self.kernel(q_BLHK, k_BLGK, v_BLGK,
                            scale=self.scale, window=window,
                            segment_ids_BL=segment_ids_BL,
-                           logit_softcap=self.logit_softcap)
+                           logit_softcap=self.logit_softcap, sinks_H=sinks_H)
     else:
       if segment_ids_BL is not None or positions_BL is None:
         raise ValueError("Decoding with a KV cache needs positions_BL and "
@@ -105,7 +119,7 @@ class Attention(nnx.Module):
                                                   window)
       o_BLHK = self.kernel(q_BLHK, cache.key_BSGK, cache.value_BSGK,
                            scale=self.scale, logit_softcap=self.logit_softcap,
-                           mask_BLS=mask_BLS)
+                           mask_BLS=mask_BLS, sinks_H=sinks_H)
     o_BLHK = checkpoint_name(axes.constrain(o_BLHK, q_names),
                              "attention_context")
     out_BLD = checkpoint_name(self.output(o_BLHK), "out_proj")

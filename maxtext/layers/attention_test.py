@@ -9,7 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext.common.model_config import ModelConfig
+from maxtext.kernels import attention as attention_kernels
 from maxtext.layers import attention
+from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import rope
 
 _L = 12
@@ -106,6 +108,57 @@ class AttentionLayerTest(parameterized.TestCase):
     np.testing.assert_allclose(shift, np.broadcast_to(shift[:1, :1],
                                                       shift.shape), atol=1e-5)
     self.assertGreater(np.abs(shift).max(), 1e-3)
+
+  def test_output_bias_adds_to_every_position(self):
+    layer = _layer(attention_output_bias=True)
+    self.assertEqual(layer.output.bias.get_metadata()["out_sharding"],
+                     ("embed",))
+    without = _run(layer, _x())
+    bias = np.arange(16, dtype=np.float32)
+    layer.output.bias[...] = bias
+    np.testing.assert_allclose(_run(layer, _x()) - without,
+                               np.broadcast_to(bias, without.shape),
+                               atol=1e-5)
+
+  def test_sinks_reach_the_kernel(self):
+    layer = _layer(attention_sinks=True)
+    self.assertEqual(layer.sinks.get_metadata()["out_sharding"], ("heads",))
+    sinks = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
+    layer.sinks[...] = sinks
+    x = _x()
+    positions = np.broadcast_to(np.arange(_L), x.shape[:2])
+    rotary = rope.Rotary.at(positions, rope.inverse_frequencies(8, 10_000.0))
+    q = layer.query_norm(layer.query(x))
+    k = layer.key_norm(layer.key(x))
+    o = attention_kernels.reference_attention(
+        rotary.apply(q), rotary.apply(k), layer.value(x), scale=0.5,
+        window=5, sinks_H=sinks)
+    np.testing.assert_allclose(_run(layer, x, window=5), layer.output(o),
+                               atol=1e-5)
+    layer.sinks[...] = np.zeros(4, np.float32)
+    self.assertGreater(np.abs(_run(layer, x, window=5) - layer.output(o))
+                       .max(), 1e-3)
+
+  def test_sinks_config_rejects_xla(self):
+    with self.assertRaisesRegex(ValueError, "attention_impl.*sinks"):
+      dataclasses.replace(_CFG, attention_impl="xla", attention_sinks=True)
+
+  def test_sinks_apply_when_decoding(self):
+    """Prefill then one token at a time over a KV cache equals one pass."""
+    layer = _layer(attention_sinks=True)
+    layer.sinks[...] = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
+    x = _x()
+    want = _run(layer, x, window=5)
+    cache = kv_cache_lib.KVCache.zeros(2, _L, 2, 8, jnp.float32)
+    inv_freq = rope.inverse_frequencies(8, 10_000.0)
+    outputs = []
+    for start, stop in ((0, 7),) + tuple((i, i + 1) for i in range(7, _L)):
+      positions = np.broadcast_to(np.arange(start, stop), (2, stop - start))
+      out, cache = layer(jnp.asarray(x[:, start:stop]),
+                         rope.Rotary.at(positions, inv_freq), window=5,
+                         cache=cache, positions_BL=jnp.asarray(positions))
+      outputs.append(np.asarray(out))
+    np.testing.assert_allclose(np.concatenate(outputs, 1), want, atol=1e-5)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,13 @@ def _gelu_tanh(x):
                                 (x + 0.044715 * x**3)))
 
 
+def _clamped_swiglu(gate, up):
+  """GPT-OSS's unit as transformers' GptOssExperts._apply_gate writes it."""
+  gate = np.minimum(gate, 7.0)
+  up = np.clip(up, -7.0, 7.0)
+  return (up + 1) * gate / (1 + np.exp(-1.702 * gate))
+
+
 class MLPTest(parameterized.TestCase):
 
   @parameterized.parameters(("silu", _silu), ("gelu_tanh", _gelu_tanh))
@@ -33,6 +40,26 @@ class MLPTest(parameterized.TestCase):
                       for p in (layer.gate, layer.up, layer.down))
     want = (formula(x @ gate) * (x @ up)) @ down
     np.testing.assert_allclose(layer(x), want, rtol=1e-5, atol=1e-6)
+
+  def test_clamped_swiglu_matches_numpy(self):
+    # Values beyond +-7 on both inputs exercise the clamps.
+    gate, up = np.random.RandomState(1).normal(
+        scale=6.0, size=(2, 500)).astype(np.float32)
+    self.assertGreater((gate > 7).sum(), 0)
+    self.assertGreater((up < -7).sum(), 0)
+    np.testing.assert_allclose(mlp.clamped_swiglu(gate, up),
+                               _clamped_swiglu(gate, up), rtol=1e-5,
+                               atol=1e-6)
+    cfg = ModelConfig(family="test", vocab_size=8, num_layers=1, embed_dim=6,
+                      mlp_dim=10, num_heads=1, num_kv_heads=1, head_dim=2,
+                      mlp_activation="clamped_swiglu")
+    layer = mlp.MLP(cfg, rngs=nnx.Rngs(0))
+    x = np.random.RandomState(0).normal(scale=5.0, size=(2, 3, 6)).astype(
+        np.float32)
+    gate, up, down = (np.asarray(p.kernel[...])
+                      for p in (layer.gate, layer.up, layer.down))
+    want = _clamped_swiglu(x @ gate, x @ up) @ down
+    np.testing.assert_allclose(layer(x), want, rtol=1e-5, atol=1e-5)
 
 
 if __name__ == "__main__":

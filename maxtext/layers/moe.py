@@ -5,7 +5,14 @@ experts (Mixtral, Qwen 3 MoE) or per-expert sigmoid (DeepSeek-V3). A token
 picks its top-k experts by score (plus, with `router_bias`, a per-expert bias
 that only steers the choice; with expert groups, only among the experts of
 its best groups); its weights are the chosen scores, optionally divided by
-their sum, times `routed_scaling_factor`.
+their sum, times `routed_scaling_factor`. GPT-OSS's router (a softmax over
+the top-k logits) is softmax scores renormalised over the chosen experts,
+with `router_logit_bias` adding a trained bias to the logits.
+
+Each expert is a gated MLP (`maxtext.layers.mlp.GATED_UNITS`); with
+`expert_bias` its projections add per-expert biases (GPT-OSS), and with
+`expert_gate_up_fused` its gate and up projections are one parameter
+`gate_up` [E, D, 2, F].
 
 Three ways to run the routed experts, equal whenever nothing is dropped:
   "dropless": the T*k (token, expert) assignments are sorted by expert and
@@ -26,19 +33,32 @@ router z-loss mean(logsumexp(logits)^2). Decoder models sow their layers'
 sum as an `AuxLoss` intermediate; the train step adds it to the objective.
 
 DeepSeek's auxiliary-loss-free balancing moves the selection bias against
-each expert's load (`update_router_bias`; the train step does not call it
-yet, so the bias stays at its loaded value).
+each expert's load (`update_router_bias`): the layer reports its experts'
+loads, the decoder sows them and the train step moves the bias after each
+update by `cfg.router_bias_update_rate` (`Decoder.update_router_bias`). The
+bias is a `RouterBias` variable, not a `nnx.Param`: it lives in the train
+state's `model_state`, out of reach of the gradients, the optimizer and
+its weight decay.
 
 Expert parallelism: expert weights carry the logical axis "experts" (the
 rule tables map it to the `expert` mesh axis). The capacity path constrains
 its dispatched tokens [E, C, D] to the same axis, so XLA exchanges tokens
 between the batch shards and the expert shards (all-to-all) and each device
-runs only its experts; the dropless path lets XLA gather the expert weights
-(sharded ragged_dot is not partitioned over experts).
+runs only its experts. XLA cannot partition ragged_dot over experts (it
+would gather the expert weights), so when the compute rules split the
+experts over `expert` (size > 1), the dropless path exchanges tokens itself
+(`expert_parallel_dropless`): inside `jax.shard_map` each shard routes its
+tokens, sends each assignment to the shard holding its expert, runs its
+local experts on what it received and sends the results back, with
+`all_to_all` over `expert`. XLA:CPU lacks `ragged_all_to_all`, so the
+exchange uses fixed buffers of S rows per destination shard (a sender's
+every assignment may go to one shard): nothing is dropped, at the price of
+moving `expert` times more rows than a ragged exchange would.
 
 Shape key: B batch, L length, D embed dim, T tokens (B*L), E experts,
 K experts per token, S token-expert assignments (T*K), F expert hidden dim,
-C expert capacity.
+C expert capacity; in the token exchange P expert shards, X local experts
+(E / P), R received rows (P * S).
 """
 
 import dataclasses
@@ -50,6 +70,7 @@ from flax import nnx
 
 from maxtext.common import axes
 from maxtext.common.model_config import ModelConfig
+from maxtext.kernels import gmm
 from maxtext.layers import linear
 from maxtext.layers import mlp
 
@@ -57,6 +78,8 @@ from maxtext.layers import mlp
 # dispatched to experts.
 EXPERTS = "experts"
 _DISPATCHED = (EXPERTS, None, axes.EMBED)
+# The mesh axis the dropless path exchanges tokens over.
+EXPERT_AXIS = "expert"
 
 
 class AuxLoss(nnx.Intermediate):
@@ -133,16 +156,26 @@ def router_z_loss(logits_TE: jax.Array) -> jax.Array:
       logits_TE.astype(jnp.float32), axis=-1)))
 
 
-def update_router_bias(bias_E: jax.Array, experts_TK: jax.Array,
+def load_imbalance(load_NE: jax.Array) -> jax.Array:
+  """Max over mean of the experts' loads [..., E], averaged over the rest.
+
+  1 when perfectly balanced, E / k when every token picks the same experts.
+  """
+  load_NE = load_NE.astype(jnp.float32)
+  return jnp.mean(load_NE.max(-1) / jnp.maximum(load_NE.mean(-1), 1e-20))
+
+
+def update_router_bias(bias_E: jax.Array, load_E: jax.Array,
                        rate: float) -> jax.Array:
   """DeepSeek's auxiliary-loss-free balancing step.
 
-  Each expert's bias moves by `rate` towards balance: down when it got more
-  than the mean number of assignments, up when fewer, unchanged when equal.
+  Each expert's bias moves by `rate` towards balance: down when its load
+  (assignments, any scale) is above the mean load, up when below,
+  unchanged when equal. Leading axes (e.g. layers) are batched over.
   """
-  counts_E = expert_counts(experts_TK, bias_E.shape[0]).astype(jnp.float32)
-  return bias_E + rate * jnp.sign(counts_E.mean() - counts_E).astype(
-      bias_E.dtype)
+  load_E = load_E.astype(jnp.float32)
+  mean = load_E.mean(-1, keepdims=True)
+  return bias_E + rate * jnp.sign(mean - load_E).astype(bias_E.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,13 +186,33 @@ class ExpertWeights:
     gate_EDF: Gate projections.
     up_EDF: Up projections.
     down_EFD: Down projections.
-    activation: Gate activation (`maxtext.layers.mlp.ACTIVATIONS`).
+    gated_unit: (gate, up) -> hidden (`maxtext.layers.mlp.GATED_UNITS`).
+    gate_up_bias_E2F: Biases of the gate ([:, 0]) and up ([:, 1])
+      projections, or None.
+    down_bias_ED: Biases of the down projections, or None.
   """
 
   gate_EDF: jax.Array
   up_EDF: jax.Array
   down_EFD: jax.Array
-  activation: object
+  gated_unit: object
+  gate_up_bias_E2F: jax.Array | None = None
+  down_bias_ED: jax.Array | None = None
+
+  def hidden(self, gate_xF, up_xF, index) -> jax.Array:
+    """Gated unit of gate and up projections [..., F] whose experts'
+    biases are `bias_EF[index]` (broadcasting against them)."""
+    if self.gate_up_bias_E2F is not None:
+      gate_xF = gate_xF + self.gate_up_bias_E2F[:, 0][index]
+      up_xF = up_xF + self.gate_up_bias_E2F[:, 1][index]
+    return self.gated_unit(gate_xF, up_xF)
+
+  def output(self, y_xD, index) -> jax.Array:
+    """Down projections [..., D] plus their experts' biases
+    `bias_ED[index]`."""
+    if self.down_bias_ED is None:
+      return y_xD
+    return y_xD + self.down_bias_ED[index]
 
 
 def dense_experts(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
@@ -167,26 +220,125 @@ def dense_experts(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
   combine_TE = jnp.zeros(routing.probs_TE.shape, x_TD.dtype).at[
       jnp.arange(x_TD.shape[0])[:, None], routing.experts_TK].add(
           routing.weights_TK.astype(x_TD.dtype))
-  h_TEF = (w.activation(jnp.einsum("td,edf->tef", x_TD, w.gate_EDF))
-           * jnp.einsum("td,edf->tef", x_TD, w.up_EDF))
-  y_TED = jnp.einsum("tef,efd->ted", h_TEF, w.down_EFD)
+  h_TEF = w.hidden(jnp.einsum("td,edf->tef", x_TD, w.gate_EDF),
+                   jnp.einsum("td,edf->tef", x_TD, w.up_EDF), None)
+  y_TED = w.output(jnp.einsum("tef,efd->ted", h_TEF, w.down_EFD), None)
   return jnp.einsum("ted,te->td", y_TED, combine_TE)
+
+
+def grouped_experts(x_SD, expert_S, sizes_E, w: ExpertWeights) -> jax.Array:
+  """Rows sorted by expert (`sizes_E[e]` rows of expert e, in order, then
+  any padding rows) through their experts' MLPs (grouped matmuls,
+  `maxtext.kernels.gmm`: megablox on TPU, `ragged_dot` elsewhere)."""
+  h_SF = w.hidden(gmm.grouped_matmul(x_SD, w.gate_EDF, sizes_E),
+                  gmm.grouped_matmul(x_SD, w.up_EDF, sizes_E), expert_S)
+  return w.output(gmm.grouped_matmul(h_SF, w.down_EFD, sizes_E), expert_S)
+
+
+def _sort_by_expert(routing: Routing, num_experts: int):
+  """(order, expert_S, sizes_E): the T*K assignments sorted by expert."""
+  flat_experts = routing.experts_TK.reshape(-1)
+  order = jnp.argsort(flat_experts, stable=True)
+  return (order, flat_experts[order],
+          expert_counts(flat_experts, num_experts))
+
+
+def _combine(y_SD, routing: Routing, order, tokens: int) -> jax.Array:
+  """Each token's sum of its sorted assignments' outputs times weights."""
+  k = routing.experts_TK.shape[1]
+  weights_S = routing.weights_TK.reshape(-1)[order].astype(y_SD.dtype)
+  return jnp.zeros((tokens, y_SD.shape[-1]), y_SD.dtype).at[order // k].add(
+      y_SD * weights_S[:, None])
 
 
 def dropless_experts(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
   """Tokens sorted by expert through grouped matmuls (`ragged_dot`)."""
+  k = routing.experts_TK.shape[1]
+  order, expert_S, sizes_E = _sort_by_expert(routing, w.gate_EDF.shape[0])
+  y_SD = grouped_experts(x_TD[order // k], expert_S, sizes_E, w)
+  return _combine(y_SD, routing, order, x_TD.shape[0])
+
+
+def expert_parallel_rules(num_experts: int, tokens: int):
+  """The active compute rules when they split the experts, and the batch's
+  `tokens`, over the `expert` mesh axis (size > 1), else None."""
+  rules = axes.current_constrainer()
+  mesh = getattr(rules, "mesh", None)
+  if mesh is None or mesh.shape[EXPERT_AXIS] == 1:
+    return None
+  if rules.compute_spec((EXPERTS,), (num_experts,)) != (
+      jax.sharding.PartitionSpec(EXPERT_AXIS)):
+    return None
+  token_axes = rules.compute_spec((axes.BATCH,), (tokens,))[0]
+  if not isinstance(token_axes, tuple):
+    token_axes = (token_axes,)
+  return rules if EXPERT_AXIS in token_axes else None
+
+
+def expert_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
+                             rules) -> jax.Array:
+  """`dropless_experts` with tokens exchanged between expert shards.
+
+  Under `jax.shard_map` over `rules.mesh`: tokens (and their routing) split
+  as the compute rules split the batch, expert weights by the `expert`
+  axis. Each shard sorts its assignments by expert, sends each to the
+  shard holding its expert (`all_to_all` over `expert`), runs its local
+  experts on what it received (`grouped_experts`) and sends the results
+  back (module doc).
+  """
+  tokens_spec = rules.compute_spec((axes.BATCH, None), x_TD.shape)
+  arrays = {name: value for name, value in vars(w).items()
+            if isinstance(value, jax.Array)}  # Each [E, ...].
+  expert_spec = jax.sharding.PartitionSpec(EXPERT_AXIS)
+
+  def exchange(x_TD, experts_TK, weights_TK, local_arrays):
+    return _exchange_tokens(
+        x_TD, Routing(weights_TK, experts_TK, None),
+        dataclasses.replace(w, **local_arrays), rules.mesh.shape[EXPERT_AXIS])
+
+  return jax.shard_map(
+      exchange, mesh=rules.mesh,
+      in_specs=(tokens_spec, tokens_spec, tokens_spec, expert_spec),
+      out_specs=tokens_spec)(x_TD, routing.experts_TK, routing.weights_TK,
+                             arrays)
+
+
+def _exchange_tokens(x_TD, routing: Routing, w: ExpertWeights,
+                     shards: int) -> jax.Array:
+  """One shard's part of `expert_parallel_dropless` (inside shard_map).
+
+  `w` holds this shard's `local` experts, global ids `index * local` on.
+  The all-to-all buffers are fixed-size: each shard may receive up to S
+  rows (all of a sender's assignments) from each of the `shards` senders,
+  so nothing is dropped (XLA:CPU has no ragged-all-to-all).
+  """
   tokens, k = routing.experts_TK.shape
-  flat_experts = routing.experts_TK.reshape(-1)
-  order = jnp.argsort(flat_experts, stable=True)
-  token_of = order // k
-  sizes_E = expert_counts(flat_experts, w.gate_EDF.shape[0])
-  x_SD = x_TD[token_of]
-  h_SF = (w.activation(jax.lax.ragged_dot(x_SD, w.gate_EDF, sizes_E))
-          * jax.lax.ragged_dot(x_SD, w.up_EDF, sizes_E))
-  y_SD = jax.lax.ragged_dot(h_SF, w.down_EFD, sizes_E)
-  weights_S = routing.weights_TK.reshape(-1)[order].astype(y_SD.dtype)
-  return jnp.zeros((tokens, y_SD.shape[-1]), y_SD.dtype).at[token_of].add(
-      y_SD * weights_S[:, None])
+  rows, local = tokens * k, w.gate_EDF.shape[0]
+  order, expert_S, sizes_E = _sort_by_expert(routing, local * shards)
+  # Send: shard p's rows (of its experts) go to buffer row p, from slot 0.
+  dest_S = expert_S // local
+  send_P = sizes_E.reshape(shards, local).sum(1)
+  slot_S = jnp.arange(rows) - (jnp.cumsum(send_P) - send_P)[dest_S]
+  send_PSD = jnp.zeros((shards, rows, x_TD.shape[-1]), x_TD.dtype).at[
+      dest_S, slot_S].set(x_TD[order // k])
+  recv_PSD = jax.lax.all_to_all(send_PSD, EXPERT_AXIS, 0, 0)
+  # Sender p's rows for this shard, sorted by (local) expert; then padding.
+  all_sizes_PE = jax.lax.all_gather(sizes_E, EXPERT_AXIS)
+  recv_sizes_PX = jax.lax.dynamic_slice_in_dim(
+      all_sizes_PE, jax.lax.axis_index(EXPERT_AXIS) * local, local, axis=1)
+  ends_PX = jnp.cumsum(recv_sizes_PX, axis=1)
+  # Local expert of each received row; `local` marks padding.
+  expert_R = jnp.sum(jnp.arange(rows)[None, :, None] >= ends_PX[:, None, :],
+                     axis=-1).reshape(-1)
+  recv_order = jnp.argsort(expert_R, stable=True)
+  # Padding rows (zeros, results unused) read the last expert's biases.
+  y_RD = grouped_experts(
+      recv_PSD.reshape(shards * rows, -1)[recv_order],
+      jnp.minimum(expert_R[recv_order], local - 1), recv_sizes_PX.sum(0), w)
+  y_PSD = jnp.zeros_like(y_RD).at[recv_order].set(y_RD).reshape(
+      shards, rows, -1)
+  back_PSD = jax.lax.all_to_all(y_PSD, EXPERT_AXIS, 0, 0)
+  return _combine(back_PSD[dest_S, slot_S], routing, order, tokens)
 
 
 def capacity(tokens: int, cfg: ModelConfig) -> int:
@@ -214,10 +366,12 @@ def capacity_experts(x_TD, routing: Routing, w: ExpertWeights,
   x_ECD = jnp.zeros((num_experts, slots, x_TD.shape[-1]), x_TD.dtype).at[
       flat_experts, slot_S].set(x_TD[token_of], mode="drop")
   x_ECD = axes.constrain(x_ECD, _DISPATCHED)
-  h_ECF = (w.activation(jnp.einsum("ecd,edf->ecf", x_ECD, w.gate_EDF))
-           * jnp.einsum("ecd,edf->ecf", x_ECD, w.up_EDF))
-  y_ECD = axes.constrain(jnp.einsum("ecf,efd->ecd", h_ECF, w.down_EFD),
-                         _DISPATCHED)
+  per_expert = (slice(None), None)  # Biases [E, 1, F or D].
+  h_ECF = w.hidden(jnp.einsum("ecd,edf->ecf", x_ECD, w.gate_EDF),
+                   jnp.einsum("ecd,edf->ecf", x_ECD, w.up_EDF), per_expert)
+  y_ECD = axes.constrain(
+      w.output(jnp.einsum("ecf,efd->ecd", h_ECF, w.down_EFD), per_expert),
+      _DISPATCHED)
   y_SD = y_ECD.at[flat_experts, slot_S].get(mode="fill", fill_value=0)
   weights_S = routing.weights_TK.reshape(-1).astype(y_SD.dtype)
   y_TD = jnp.zeros_like(x_TD, dtype=y_SD.dtype).at[token_of].add(
@@ -231,7 +385,8 @@ class MoE(nnx.Module):
   `aux` holds float32 scalars: "loss" (the weighted auxiliary losses of
   this layer, added to the objective), "load_balance_loss" and
   "router_z_loss" (unweighted) and "dropped_fraction" (of the token-expert
-  assignments, 0 unless moe_impl="capacity").
+  assignments, 0 unless moe_impl="capacity"); and "expert_load" [E], the
+  assignments routed to each expert (before any drop).
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -239,17 +394,36 @@ class MoE(nnx.Module):
     experts, dim, hidden = cfg.num_experts, cfg.embed_dim, cfg.moe_mlp_dim
     self.router = linear.Linear(
         (dim,), (experts,), in_axes=(axes.EMBED,), out_axes=(EXPERTS,),
-        dtype="float32", param_dtype=cfg.param_dtype, rngs=rngs)
+        dtype="float32", param_dtype=cfg.param_dtype, rngs=rngs,
+        use_bias=cfg.router_logit_bias)
     init = nnx.initializers.variance_scaling(
         1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2,
         batch_axis=(0,))
     param_dtype = jnp.dtype(cfg.param_dtype)
-    self.gate = axes.param(
-        init(rngs.params(), (experts, dim, hidden), param_dtype),
-        (EXPERTS, axes.EMBED, axes.MLP))
-    self.up = axes.param(
-        init(rngs.params(), (experts, dim, hidden), param_dtype),
-        (EXPERTS, axes.EMBED, axes.MLP))
+    if cfg.expert_gate_up_fused:
+      fused_init = nnx.initializers.variance_scaling(
+          1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=(2, 3),
+          batch_axis=(0,))
+      self.gate_up = axes.param(
+          fused_init(rngs.params(), (experts, dim, 2, hidden), param_dtype),
+          (EXPERTS, axes.EMBED, None, axes.MLP))
+      self.gate = self.up = None
+    else:
+      self.gate_up = None
+      self.gate = axes.param(
+          init(rngs.params(), (experts, dim, hidden), param_dtype),
+          (EXPERTS, axes.EMBED, axes.MLP))
+      self.up = axes.param(
+          init(rngs.params(), (experts, dim, hidden), param_dtype),
+          (EXPERTS, axes.EMBED, axes.MLP))
+    if cfg.expert_bias:
+      self.gate_up_bias = axes.param(
+          jnp.zeros((experts, 2, hidden), param_dtype),
+          (EXPERTS, None, axes.MLP))
+      self.down_bias = axes.param(jnp.zeros((experts, dim), param_dtype),
+                                  (EXPERTS, axes.EMBED))
+    else:
+      self.gate_up_bias = self.down_bias = None
     self.down = axes.param(
         init(rngs.params(), (experts, hidden, dim), param_dtype),
         (EXPERTS, axes.MLP, axes.EMBED))
@@ -269,12 +443,23 @@ class MoE(nnx.Module):
     logits_TE = self.router(x_TD)
     bias_E = None if self.router_bias is None else self.router_bias[...]
     routing = route(logits_TE, cfg, bias_E)
+    if self.gate_up is None:
+      gate_EDF, up_EDF = self.gate[...], self.up[...]
+    else:
+      gate_EDF, up_EDF = self.gate_up[:, :, 0], self.gate_up[:, :, 1]
+    biases = [None if b is None else b[...].astype(dtype)
+              for b in (self.gate_up_bias, self.down_bias)]
     weights = ExpertWeights(
-        self.gate[...].astype(dtype), self.up[...].astype(dtype),
-        self.down[...].astype(dtype), mlp.ACTIVATIONS[cfg.mlp_activation])
+        gate_EDF.astype(dtype), up_EDF.astype(dtype),
+        self.down[...].astype(dtype), mlp.GATED_UNITS[cfg.mlp_activation],
+        *biases)
     dropped = jnp.zeros((), jnp.int32)
     if cfg.moe_impl == "dropless":
-      y_TD = dropless_experts(x_TD, routing, weights)
+      rules = expert_parallel_rules(cfg.num_experts, x_TD.shape[0])
+      if rules is None:
+        y_TD = dropless_experts(x_TD, routing, weights)
+      else:
+        y_TD = expert_parallel_dropless(x_TD, routing, weights, rules)
     elif cfg.moe_impl == "capacity":
       y_TD, dropped = capacity_experts(x_TD, routing, weights,
                                        capacity(x_TD.shape[0], cfg))
@@ -291,5 +476,7 @@ class MoE(nnx.Module):
         "load_balance_loss": balance,
         "router_z_loss": z_loss,
         "dropped_fraction": dropped / routing.experts_TK.size,
+        "expert_load": expert_counts(routing.experts_TK,
+                                     cfg.num_experts).astype(jnp.float32),
     }
     return y_BLD.astype(x_BLD.dtype), aux

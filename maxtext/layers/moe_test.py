@@ -61,6 +61,36 @@ def _numpy_moe(x, weights, experts, layer, kept=None):
   return out
 
 
+def _clamped_swiglu(gate, up):
+  """GPT-OSS's unit as transformers' GptOssExperts._apply_gate writes it."""
+  gate = np.minimum(gate, 7.0)
+  up = np.clip(up, -7.0, 7.0)
+  return (up + 1) * gate / (1 + np.exp(-1.702 * gate))
+
+
+def _numpy_gpt_oss_moe(x, layer):
+  """transformers' GptOssMLP one token at a time: router logits with bias,
+  softmax over the top-k logits, biased experts with the clamped SwiGLU
+  (our gate_up layout [E, D, 2, F])."""
+  logits = x @ np.asarray(layer.router.kernel[...]) + np.asarray(
+      layer.router.bias[...])
+  gate_up = np.asarray(layer.gate_up[...])
+  gate_up_bias = np.asarray(layer.gate_up_bias[...])
+  down, down_bias = (np.asarray(p[...]) for p in (layer.down,
+                                                   layer.down_bias))
+  k = layer.cfg.num_experts_per_token
+  out = np.zeros_like(x, dtype=np.float64)
+  for t, row in enumerate(logits.astype(np.float64)):
+    chosen = np.argsort(-row, kind="stable")[:k]
+    w = np.exp(row[chosen] - row[chosen].max())
+    w /= w.sum()
+    for weight, e in zip(w, chosen):
+      gate = x[t] @ gate_up[e, :, 0] + gate_up_bias[e, 0]
+      up = x[t] @ gate_up[e, :, 1] + gate_up_bias[e, 1]
+      out[t] += weight * (_clamped_swiglu(gate, up) @ down[e] + down_bias[e])
+  return out
+
+
 class RouteTest(parameterized.TestCase):
 
   @parameterized.parameters(True, False)
@@ -114,8 +144,19 @@ class LossesTest(absltest.TestCase):
   def test_update_router_bias(self):
     # Counts (3, 1, 2, 2), mean 2: expert 0 down, 1 up, 2 and 3 unchanged.
     experts = jnp.array([[0, 1], [0, 2], [0, 3], [2, 3]])
-    bias = moe.update_router_bias(jnp.zeros(4), experts, rate=0.01)
+    load = moe.expert_counts(experts, 4)
+    bias = moe.update_router_bias(jnp.zeros(4), load, rate=0.01)
     np.testing.assert_allclose(bias, [-0.01, 0.01, 0.0, 0.0])
+    # Batched over layers; the second layer is balanced.
+    bias = moe.update_router_bias(jnp.zeros((2, 4)),
+                                  jnp.stack([load, jnp.ones(4)]), rate=0.01)
+    np.testing.assert_allclose(bias, [[-0.01, 0.01, 0.0, 0.0], [0.0] * 4])
+
+  def test_load_imbalance(self):
+    # Layer loads (3, 1, 2, 2) and (4, 0, 0, 0): max / mean 1.5 and 4.
+    load = jnp.array([[3.0, 1.0, 2.0, 2.0], [4.0, 0.0, 0.0, 0.0]])
+    self.assertAlmostEqual(float(moe.load_imbalance(load)), (1.5 + 4) / 2,
+                           places=6)
 
 
 class MoETest(parameterized.TestCase):
@@ -137,6 +178,28 @@ class MoETest(parameterized.TestCase):
     want = _numpy_moe(x_TD, weights, experts, layer)
     np.testing.assert_allclose(y.reshape(10, 8), want, rtol=1e-4, atol=1e-5)
     self.assertEqual(float(aux["dropped_fraction"]), 0.0)
+    np.testing.assert_array_equal(
+        aux["expert_load"], np.bincount(experts.reshape(-1), minlength=4))
+
+  @parameterized.parameters("dropless", "capacity", "dense")
+  def test_gpt_oss_experts_match_numpy(self, impl):
+    _, layer, x = self._layer_and_input(
+        moe_impl=impl, capacity_factor=2.0, mlp_activation="clamped_swiglu",
+        router_logit_bias=True, expert_bias=True, expert_gate_up_fused=True)
+    self.assertIsNone(layer.gate)
+    self.assertEqual(layer.gate_up.shape, (4, 8, 2, 6))
+    rng = np.random.RandomState(5)
+    # Large weights push the gate and up projections past the clamp (7).
+    layer.gate_up[...] = rng.normal(scale=2.0, size=(4, 8, 2, 6))
+    for bias in (layer.router.bias, layer.gate_up_bias, layer.down_bias):
+      bias[...] = rng.normal(size=bias.shape)
+    y, _ = layer(jnp.asarray(x))
+    x_TD = x.reshape(10, 8)
+    gate = np.einsum("td,edf->tef", x_TD, np.asarray(layer.gate_up[:, :, 0]))
+    self.assertGreater((gate > 7).sum(), 0)
+    np.testing.assert_allclose(y.reshape(10, 8),
+                               _numpy_gpt_oss_moe(x_TD, layer), rtol=1e-4,
+                               atol=1e-4)
 
   def test_paths_equal_with_gradients(self):
     """Dropless and capacity (nothing dropped) equal the dense reference,
@@ -211,9 +274,19 @@ class MoEConfigTest(absltest.TestCase):
                            (dict(num_expert_groups=3), "num_expert_groups"),
                            (dict(moe_impl="sparse"), "moe_impl"),
                            (dict(moe_mlp_dim=0), "moe_mlp_dim"),
-                           (dict(first_dense_layers=1), "first_dense_layers")):
+                           (dict(first_dense_layers=1), "first_dense_layers"),
+                           (dict(router_bias_update_rate=0.001),
+                            "router_bias_update_rate.*router_bias=True"),
+                           (dict(router_bias=True,
+                                 router_bias_update_rate=-0.001),
+                            "router_bias_update_rate.*>= 0")):
       with self.assertRaisesRegex(ValueError, field):
         dataclasses.replace(_CFG, **changes)
+
+  def test_expert_options_need_experts(self):
+    for name in ("router_logit_bias", "expert_bias", "expert_gate_up_fused"):
+      with self.assertRaisesRegex(ValueError, f"num_experts.*{name}"):
+        dataclasses.replace(_CFG, num_experts=0, **{name: True})
 
 
 if __name__ == "__main__":

@@ -44,13 +44,32 @@ PEAK_FLOPS_BY_DEVICE_KIND = (
 
 
 def matmul_params(cfg: ModelConfig) -> int:
-  """Parameters used in matmuls by one token, output head included."""
-  attention = cfg.embed_dim * cfg.head_dim * (
-      2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+  """Parameters used in matmuls by one token, output head included (and
+  the multi-token prediction modules, which training runs too)."""
+  attention = attention_params(cfg)
   mlp = sum(mlp_params_per_token(cfg, layer)
             for layer in range(cfg.num_layers))
   head = cfg.embed_dim * cfg.vocab_size
-  return cfg.num_layers * attention + mlp + head
+  # Multi-token prediction depths: projection, one block, the shared head.
+  mtp = cfg.mtp_layers * (2 * cfg.embed_dim**2 + attention + head +
+                          mlp_params_per_token(cfg, cfg.num_layers))
+  return cfg.num_layers * attention + mlp + head + mtp
+
+
+def attention_params(cfg: ModelConfig) -> int:
+  """Matmul parameters of one layer's attention (projections only)."""
+  if cfg.attention_type != "mla":
+    return cfg.embed_dim * cfg.head_dim * (
+        2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+  heads = cfg.num_heads
+  qk_dim = cfg.qk_nope_head_dim + cfg.head_dim
+  if cfg.q_lora_rank:
+    query = cfg.q_lora_rank * (cfg.embed_dim + heads * qk_dim)
+  else:
+    query = cfg.embed_dim * heads * qk_dim
+  kv = (cfg.embed_dim * (cfg.kv_lora_rank + cfg.head_dim) +
+        cfg.kv_lora_rank * heads * (cfg.qk_nope_head_dim + cfg.v_head_dim))
+  return query + kv + heads * cfg.v_head_dim * cfg.embed_dim
 
 
 def mlp_params_per_token(cfg: ModelConfig, layer: int) -> int:
@@ -70,7 +89,10 @@ def mean_attended_keys(window: int | None, seq_len: int) -> float:
 
 def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
   """Training FLOPs of attention scores and values, per token."""
-  return sum(12 * cfg.num_heads * cfg.head_dim *
+  # Query-key and probability-value widths (they differ with MLA).
+  qk_dim = cfg.head_dim + cfg.qk_nope_head_dim
+  v_dim = cfg.v_head_dim or cfg.head_dim
+  return sum(6 * cfg.num_heads * (qk_dim + v_dim) *
              mean_attended_keys(window, seq_len)
              for window in cfg.layer_windows())
 

@@ -38,9 +38,16 @@ Mixture of experts (`cfg.num_experts` > 0): blocks have routed experts
 `cfg.first_dense_layers`, which are a separate stack (`dense_blocks`, run
 first) with a dense MLP. Without a cache, the forward pass sows the sum over
 layers of the experts' weighted auxiliary losses as a `moe.AuxLoss` named
-"aux_loss" (the train step adds it to the objective) and the layers' mean
+"aux_loss" (the train step adds it to the objective), the layers' mean
 of each unweighted auxiliary term and of the dropped fraction as
-`nnx.Intermediate` "moe_metrics".
+`nnx.Intermediate` "moe_metrics", and each expert layer's expert loads
+[expert layers, experts] as `nnx.Intermediate` "expert_load", from which
+the train step moves the router bias (`update_router_bias`).
+
+Multi-token prediction (`cfg.mtp_layers` > 0, DeepSeek-V3): `mtp` holds one
+`maxtext.models.mtp.MTP` per depth; without a cache, the forward pass sows
+their logits as `mtp.MtpLogits` "mtp_logits" (the train step adds their
+weighted loss to the objective).
 
 Shape key: B batch, L length, D embed dim, V vocab.
 """
@@ -55,12 +62,14 @@ from maxtext.layers import attention
 from maxtext.layers import embedding
 from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import linear
+from maxtext.layers import mla
 from maxtext.layers import mlp
 from maxtext.layers import moe
 from maxtext.layers import norm
 from maxtext.layers import pipeline
 from maxtext.layers import remat
 from maxtext.layers import rope
+from maxtext.models import mtp
 
 _RESIDUAL = (axes.BATCH, axes.LENGTH, axes.EMBED)
 
@@ -77,7 +86,9 @@ class Block(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, experts: bool = False,
                rngs: nnx.Rngs):
     self.pre_attention_norm = _embed_norm(cfg)
-    self.attention = attention.Attention(cfg, rngs=rngs)
+    attention_class = mla.MLA if cfg.attention_type == "mla" else (
+        attention.Attention)
+    self.attention = attention_class(cfg, rngs=rngs)
     self.post_attention_norm = _embed_norm(cfg) if cfg.post_norms else None
     self.pre_mlp_norm = _embed_norm(cfg)
     self.mlp = None if experts else mlp.MLP(cfg, rngs=rngs)
@@ -156,12 +167,18 @@ class Decoder(nnx.Module):
           (cfg.embed_dim,), (cfg.vocab_size,), in_axes=(axes.EMBED,),
           out_axes=(axes.VOCAB,), dtype=cfg.dtype,
           param_dtype=cfg.param_dtype, rngs=rngs)
+    self.mtp = nnx.List([
+        mtp.MTP(cfg, Block(cfg, experts=cfg.num_experts > 0, rngs=rngs),
+                rngs=rngs) for _ in range(cfg.mtp_layers)
+    ]) if cfg.mtp_layers else None
 
   def init_cache(self, batch: int, length: int):
     """An empty KV cache for `batch` rows of up to `length` positions."""
     cfg = self.cfg
 
     def empty(_):
+      if cfg.attention_type == "mla":  # The compressed latent.
+        return mla.empty_cache(cfg, batch, length)
       return kv_cache_lib.KVCache.zeros(batch, length, cfg.num_kv_heads,
                                         cfg.head_dim, jnp.dtype(cfg.dtype))
 
@@ -219,24 +236,69 @@ class Decoder(nnx.Module):
       if aux is not None and cache is None:
         self._sow_moe(aux)
     x_BLD = self.final_norm(x_BLD)
+    logits_BLV = self._logits(x_BLD)
+    if self.mtp is not None and cache is None:
+      self._sow_mtp(tokens_BL, x_BLD, positions_BL, segment_ids_BL)
+    return logits_BLV if cache is None else (logits_BLV, cache)
+
+  def _logits(self, x_BLD: jax.Array) -> jax.Array:
+    """float32 logits [B, L, V] of final-normalised states."""
     if self.head is None:
       logits_BLV = self.embedder.attend(x_BLD)
     else:
       logits_BLV = self.head(x_BLD)
     logits_BLV = axes.constrain(logits_BLV.astype(jnp.float32),
                                 (axes.BATCH, axes.LENGTH, axes.VOCAB))
-    if cfg.final_logit_softcap:
-      cap = cfg.final_logit_softcap
+    if self.cfg.final_logit_softcap:
+      cap = self.cfg.final_logit_softcap
       logits_BLV = cap * jnp.tanh(logits_BLV / cap)
-    return logits_BLV if cache is None else (logits_BLV, cache)
+    return logits_BLV
+
+  def _sow_mtp(self, tokens_BL, h_BLD, positions_BL, segment_ids_BL):
+    """Sows each prediction depth's logits (`mtp.MtpLogits` "mtp_logits")
+    and, with experts, their blocks' weighted auxiliary losses
+    (`moe.AuxLoss` "mtp_aux_loss")."""
+    cfg = self.cfg
+    rotary = rope.Rotary.at(positions_BL,
+                            rope.global_inverse_frequencies(cfg),
+                            rope.global_attention_factor(cfg))
+    logits, auxes = mtp.predict(self.mtp, tokens_BL, h_BLD, rotary,
+                                segment_ids_BL, self.embedder, self._logits)
+    self.sow(mtp.MtpLogits, "mtp_logits", tuple(logits),
+             reduce_fn=lambda _, new: new)
+    if auxes[0] is not None:
+      self.sow(moe.AuxLoss, "mtp_aux_loss",
+               sum(aux["loss"] for aux in auxes),
+               reduce_fn=lambda _, new: new)
 
   def _sow_moe(self, aux):
-    """Sows the experts' auxiliary losses (each aux value is [layers])."""
+    """Sows the experts' auxiliary losses (each aux value is [layers, ...])."""
     self.sow(moe.AuxLoss, "aux_loss", jnp.sum(aux.pop("loss")),
+             reduce_fn=lambda _, new: new)
+    self.sow(nnx.Intermediate, "expert_load", aux.pop("expert_load"),
              reduce_fn=lambda _, new: new)
     self.sow(nnx.Intermediate, "moe_metrics",
              {name: jnp.mean(value) for name, value in aux.items()},
              reduce_fn=lambda _, new: new)
+
+  def update_router_bias(self, expert_load_NE: jax.Array) -> None:
+    """Moves the experts' router bias against `expert_load_NE` (in place).
+
+    Args:
+      expert_load_NE: Each expert layer's loads, as sown ("expert_load",
+        [expert layers, experts]). A no-op without router bias or with
+        `cfg.router_bias_update_rate` 0.
+    """
+    rate = self.cfg.router_bias_update_rate
+    if not (self.cfg.router_bias and rate):
+      return
+    if self.cfg.scan_layers:
+      bias = self.blocks.moe.router_bias
+      bias[...] = moe.update_router_bias(bias[...], expert_load_NE, rate)
+      return
+    for block, load_E in zip(self.blocks, expert_load_NE, strict=True):
+      bias = block.moe.router_bias
+      bias[...] = moe.update_router_bias(bias[...], load_E, rate)
 
   def _run_blocks(self, blocks, x_BLD, windows, cache, run_block):
     """`blocks` in order; returns (x_BLD, new cache or None, aux).
@@ -295,8 +357,11 @@ def _block_runner(cfg: ModelConfig, positions_BL: jax.Array,
   global_rotary = rope.Rotary.at(positions_BL,
                                  rope.global_inverse_frequencies(cfg),
                                  rope.global_attention_factor(cfg))
-  local_rotary = rope.Rotary.at(positions_BL,
-                                rope.local_inverse_frequencies(cfg))
+  if cfg.rope_local_theta is None:  # Local layers share the global rotary.
+    local_rotary = global_rotary
+  else:
+    local_rotary = rope.Rotary.at(positions_BL,
+                                  rope.local_inverse_frequencies(cfg))
 
   if cached:
     def run_block(block, x_BLD, window, layer_cache):

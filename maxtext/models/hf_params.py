@@ -33,12 +33,16 @@ class ParamMap:
       `Linear` weight).
     flatten: Hugging Face stores the array flattened to one axis (a torch
       `Linear` bias of our [heads, head_dim] bias).
+    interleaved: Our last two axes [2, F] are one Hugging Face axis [2F]
+      that alternates them: ours[..., c, f] = hf[..., 2f + c] (GPT-OSS's
+      fused expert gate_up, gate at even and up at odd positions).
   """
 
   path: tuple[str, ...]
   hf_name: str
   in_ndim: int = 0
   flatten: bool = False
+  interleaved: bool = False
 
   def to_ours(self, hf_array: np.ndarray, shape: Sequence[int],
               name: str | None = None) -> np.ndarray:
@@ -51,6 +55,8 @@ class ParamMap:
                        f"{self.hf_shape(shape)}).")
     if self.in_ndim:
       hf_array = hf_array.T
+    if self.interleaved:
+      return hf_array.reshape(*shape[:-2], shape[-1], 2).swapaxes(-1, -2)
     return hf_array.reshape(shape)
 
   def hf_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
@@ -60,6 +66,8 @@ class ParamMap:
       return (math.prod(shape[self.in_ndim:]), math.prod(shape[:self.in_ndim]))
     if self.flatten:
       return (math.prod(shape),)
+    if self.interleaved:
+      return (*shape[:-2], 2 * shape[-1])
     return shape
 
   def to_hf(self, array: np.ndarray) -> np.ndarray:
@@ -68,6 +76,9 @@ class ParamMap:
       return array.reshape(math.prod(array.shape[:self.in_ndim]), -1).T
     if self.flatten:
       return array.reshape(-1)
+    if self.interleaved:
+      return np.ascontiguousarray(array.swapaxes(-1, -2)).reshape(
+          *array.shape[:-2], -1)
     return array
 
 
@@ -252,9 +263,10 @@ COMMON_BLOCK_PARAMS = (
 
 
 def block_param(path: tuple[str, ...], hf_suffix: str, *,
-                flatten: bool = False) -> ParamMap:
+                flatten: bool = False, interleaved: bool = False) -> ParamMap:
   """A per-layer entry without a transpose, e.g. a norm scale or a bias."""
-  return ParamMap(path, _block(hf_suffix), flatten=flatten)
+  return ParamMap(path, _block(hf_suffix), flatten=flatten,
+                  interleaved=interleaved)
 
 
 # Llama's "post_attention_layernorm" normalises the MLP input (so do Mistral,

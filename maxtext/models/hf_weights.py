@@ -8,9 +8,17 @@ tensor by tensor); `to_hf_weights(model)` is the inverse, and
 layouts come from the family's `HF_PARAMS` (whole-model parameters) and
 `HF_BLOCK_PARAMS` (per layer, "{layer}" in the name); both the scanned
 layout (parameters stacked over layers) and the unscanned one (a list of
-blocks) are handled here. A name that also holds "{{expert}}" (escaped, so
-it survives the layer's `format`) is one Hugging Face tensor per expert of a
-parameter whose (next) leading axis is the expert (mixture of experts).
+blocks) are handled here. Hugging Face layers 0..first_dense_layers-1 are
+the decoder's `dense_blocks` (leading dense layers of mixture-of-experts
+models), the others its `blocks`. Multi-token prediction modules
+(`model.mtp`, DeepSeek-V3) are Hugging Face layers num_layers + k for
+depth k + 1, named by the family's `HF_MTP_PARAMS`; their copies of the
+embedding and output head (`HF_MTP_COPIES`) are skipped on load and
+written on export. A checkpoint's prediction layers that the model lacks
+(mtp_layers=0) are skipped, and their count logged. A name that also holds
+"{{expert}}" (escaped, so it survives the layer's `format`) is one Hugging
+Face tensor per expert of a parameter whose (next) leading axis is the
+expert (mixture of experts).
 
 The loader takes numpy arrays of any floating dtype (float16, bfloat16,
 float32, float64) and casts them to each parameter's dtype; torch tensors are
@@ -43,33 +51,67 @@ def _variable(node, path: tuple[str, ...]) -> nnx.Variable | None:
   return node
 
 
-def _entries(model: nnx.Module) -> Iterator[
-    tuple[hf_params.ParamMap, nnx.Variable, int | None]]:
-  """(entry, variable, layer) for each parameter of `model` with a HF name.
+def _block_stacks(model: nnx.Module) -> list[tuple[object, range]]:
+  """(block stack, its Hugging Face layers): `dense_blocks` (if any) first."""
+  cfg = model.cfg
+  first = cfg.first_dense_layers
+  stacks = [(model.blocks, range(first, cfg.num_layers))]
+  if getattr(model, "dense_blocks", None) is not None:
+    stacks.insert(0, (model.dense_blocks, range(first)))
+  return stacks
 
-  `layer` is None for whole-model parameters and for stacked (scanned)
-  per-layer parameters, whose leading axis is the layer.
+
+def _entries(model: nnx.Module) -> Iterator[
+    tuple[hf_params.ParamMap, nnx.Variable, int | range | None]]:
+  """(entry, variable, layers) for each parameter of `model` with a HF name.
+
+  `layers` is None for whole-model parameters, the Hugging Face layer of a
+  per-layer parameter, or the range of layers of a stacked (scanned) one,
+  whose leading axis is the layer.
   """
   family = registry.family_module(model.cfg.family)
   for entry in family.HF_PARAMS:
     variable = _variable(model, entry.path)
     if variable is not None:
       yield entry, variable, None
-  if model.cfg.scan_layers:
-    blocks = [(model.blocks, None)]
-  else:
-    blocks = [(block, layer) for layer, block in enumerate(model.blocks)]
+  blocks = []
+  for stack, layers in _block_stacks(model):
+    if model.cfg.scan_layers:
+      blocks.append((stack, layers))
+    else:
+      blocks.extend(zip(stack, layers))
   for entry in family.HF_BLOCK_PARAMS:
-    for block, layer in blocks:
+    for block, layers in blocks:
       variable = _variable(block, entry.path)
       if variable is not None:
-        yield entry, variable, layer
+        yield entry, variable, layers
+  for depth, module in enumerate(getattr(model, "mtp", None) or ()):
+    for entry in family.HF_MTP_PARAMS:
+      variable = _variable(module, entry.path)
+      if variable is not None:
+        yield entry, variable, model.cfg.num_layers + depth
 
 
-def _names(entry: hf_params.ParamMap, num_layers: int) -> list[str]:
-  if "{layer}" in entry.hf_name:
-    return [entry.hf_name.format(layer=i) for i in range(num_layers)]
-  return [entry.hf_name]
+def _mtp_copies(model: nnx.Module) -> Iterator[
+    tuple[str, hf_params.ParamMap, nnx.Variable]]:
+  """(HF name, whole-model entry, its variable) of each prediction module's
+  copies of shared parameters (embedding, output head)."""
+  family = registry.family_module(model.cfg.family)
+  for depth in range(len(getattr(model, "mtp", None) or ())):
+    for name, entry in getattr(family, "HF_MTP_COPIES", ()):
+      variable = _variable(model, entry.path)
+      if variable is not None:
+        yield (name.format(layer=model.cfg.num_layers + depth), entry,
+               variable)
+
+
+def _layer_of(name: str) -> int | None:
+  """The layer index of a `model.layers.{i}.*` name, else None."""
+  prefix = "model.layers."
+  if not name.startswith(prefix):
+    return None
+  index = name[len(prefix):].split(".", 1)[0]
+  return int(index) if index.isdigit() else None
 
 
 # Prefixes of a multimodal checkpoint's text decoder -> text-only prefix.
@@ -156,21 +198,30 @@ def load_hf_weights(model: nnx.Module,
     return entry.to_ours(_float_array(name, state_dict[names[name]]), shape,
                          name)
 
-  num_layers = model.cfg.num_layers
-  for entry, variable, layer in _entries(model):
-    if layer is not None:
-      value = fetch(entry, entry.hf_name.format(layer=layer), variable.shape)
-    elif "{layer}" in entry.hf_name:
+  for entry, variable, layers in _entries(model):
+    if layers is None:
+      value = fetch(entry, entry.hf_name, variable.shape)
+    elif isinstance(layers, int):
+      value = fetch(entry, entry.hf_name.format(layer=layers), variable.shape)
+    else:
       # Filled layer by layer: one stacked copy, not a list plus a stack.
       value = np.empty(variable.shape, variable.dtype)
-      for i, name in enumerate(_names(entry, num_layers)):
-        value[i] = fetch(entry, name, variable.shape[1:])
-    else:
-      value = fetch(entry, entry.hf_name, variable.shape)
+      for i, layer in enumerate(layers):
+        value[i] = fetch(entry, entry.hf_name.format(layer=layer),
+                         variable.shape[1:])
     # Replaces the value, so an abstract model (`nnx.eval_shape`) fills too.
     variable.value = jnp.asarray(value, variable.dtype)
+  used.update(name for name, _, _ in _mtp_copies(model))
   family = registry.family_module(model.cfg.family)
   known = {entry.hf_name for entry in family.HF_PARAMS}
+  cfg = model.cfg
+  beyond = sorted(name for name in set(names) - used
+                  if (_layer_of(name) or 0) >= cfg.num_layers + cfg.mtp_layers)
+  if beyond and hasattr(family, "HF_MTP_PARAMS"):
+    logging.info("Skipping %d Hugging Face weights of multi-token prediction"
+                 " layers (>= %d) that the model (mtp_layers=%d) lacks.",
+                 len(beyond), cfg.num_layers + cfg.mtp_layers, cfg.mtp_layers)
+    used.update(beyond)
   # Weights of parameters this configuration lacks (a tied model's lm_head)
   # are ignored; anything else left over means a mapping is missing.
   unexpected = sorted(set(names) - used - known)
@@ -182,7 +233,6 @@ def load_hf_weights(model: nnx.Module,
 def iter_hf_weights(model: nnx.Module) -> Iterator[tuple[str, np.ndarray]]:
   """Yields `model`'s parameters as (Hugging Face name, numpy array), one at
   a time, so a writer can store each before the next is made."""
-  num_layers = model.cfg.num_layers
 
   def tensors(entry, name, array):
     if "{expert}" not in name:
@@ -190,15 +240,18 @@ def iter_hf_weights(model: nnx.Module) -> Iterator[tuple[str, np.ndarray]]:
     return [(name.format(expert=expert), entry.to_hf(expert_array))
             for expert, expert_array in enumerate(array)]
 
-  for entry, variable, layer in _entries(model):
+  for entry, variable, layers in _entries(model):
     array = np.asarray(variable[...])
-    if layer is not None:
-      yield from tensors(entry, entry.hf_name.format(layer=layer), array)
-    elif "{layer}" in entry.hf_name:
-      for name, layer_array in zip(_names(entry, num_layers), array):
-        yield from tensors(entry, name, layer_array)
-    else:
+    if layers is None:
       yield from tensors(entry, entry.hf_name, array)
+    elif isinstance(layers, int):
+      yield from tensors(entry, entry.hf_name.format(layer=layers), array)
+    else:
+      for layer, layer_array in zip(layers, array, strict=True):
+        yield from tensors(entry, entry.hf_name.format(layer=layer),
+                           layer_array)
+  for name, entry, variable in _mtp_copies(model):
+    yield name, entry.to_hf(np.asarray(variable[...]))
 
 
 def to_hf_weights(model: nnx.Module) -> dict[str, np.ndarray]:

@@ -19,6 +19,18 @@ _CONFIGS = {
                           global_layer_interval=2),
     "llama3": ModelConfig(family="llama3", **_SIZES, tie_embeddings=False),
     "qwen2_5": ModelConfig(family="qwen2_5", **_SIZES, qkv_bias=True),
+    # Leading dense layer (`dense_blocks`), then experts.
+    "mixtral": ModelConfig(family="mixtral", **_SIZES, tie_embeddings=False,
+                           num_experts=4, num_experts_per_token=2,
+                           moe_mlp_dim=8, first_dense_layers=1),
+    # MLA, a dense layer, experts and a multi-token prediction module.
+    "deepseek3": ModelConfig(
+        family="deepseek3", **{**_SIZES, "num_kv_heads": 4},
+        tie_embeddings=False, attention_type="mla", q_lora_rank=8,
+        kv_lora_rank=8, qk_nope_head_dim=4, v_head_dim=6, num_experts=4,
+        num_experts_per_token=2, moe_mlp_dim=8, num_shared_experts=1,
+        first_dense_layers=1, router_score="sigmoid", router_bias=True,
+        mtp_layers=1),
 }
 
 
@@ -54,6 +66,55 @@ class HfWeightsTest(parameterized.TestCase):
     self.assertEqual(shapes["model.layers.1.mlp.down_proj.weight"], (16, 24))
     self.assertEqual(shapes["model.layers.1.post_attention_layernorm.weight"],
                      (16,))
+
+  @parameterized.parameters(True, False)
+  def test_first_dense_layers_are_the_first_hugging_face_layers(
+      self, scan_layers):
+    model = _model("mixtral", scan_layers)
+    state_dict = hf_weights.to_hf_weights(model)
+    dense = [n for n in state_dict if ".mlp.down_proj." in n]
+    experts = {n.split(".")[2] for n in state_dict if ".experts." in n}
+    self.assertEqual(dense, ["model.layers.0.mlp.down_proj.weight"])
+    self.assertEqual(experts, {"1", "2"})
+    # HF layer 0's tensors load into dense_blocks, layer 1's into blocks[0].
+    state_dict["model.layers.0.mlp.up_proj.weight"] = np.full((24, 16), 2.0)
+    state_dict["model.layers.1.input_layernorm.weight"] = np.full(16, 3.0)
+    hf_weights.load_hf_weights(model, state_dict)
+    if scan_layers:
+      up, norm = (model.dense_blocks.mlp.up.kernel[0],
+                  model.blocks.pre_attention_norm.scale[0])
+    else:
+      up, norm = (model.dense_blocks[0].mlp.up.kernel,
+                  model.blocks[0].pre_attention_norm.scale)
+    np.testing.assert_array_equal(up, np.full((16, 24), 2.0))
+    np.testing.assert_array_equal(norm, np.full(16, 3.0))
+
+  def test_multi_token_prediction_is_the_layer_after_the_last(self):
+    model = _model("deepseek3", scan_layers=True)
+    state_dict = hf_weights.to_hf_weights(model)
+    mtp = {n for n in state_dict if n.startswith("model.layers.3.")}
+    self.assertContainsSubset(
+        {"model.layers.3.eh_proj.weight", "model.layers.3.enorm.weight",
+         "model.layers.3.hnorm.weight",
+         "model.layers.3.shared_head.norm.weight",
+         "model.layers.3.self_attn.kv_b_proj.weight",
+         "model.layers.3.mlp.experts.3.up_proj.weight"}, mtp)
+    self.assertEqual(state_dict["model.layers.3.eh_proj.weight"].shape,
+                     (16, 32))
+    # Its copies of the embedding and head are written, equal.
+    np.testing.assert_array_equal(
+        state_dict["model.layers.3.embed_tokens.weight"],
+        state_dict["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(
+        state_dict["model.layers.3.shared_head.head.weight"],
+        state_dict["lm_head.weight"])
+    # A model without prediction modules skips them.
+    plain = _model("deepseek3", scan_layers=False, mtp_layers=0)
+    with self.assertLogs(level="INFO") as logs:
+      hf_weights.load_hf_weights(plain, state_dict)
+    self.assertIn(f"Skipping {len(mtp)} Hugging Face weights", logs.output[0])
+    self.assertNotIn("model.layers.3.enorm.weight",
+                     hf_weights.to_hf_weights(plain))
 
   def test_query_rows_are_head_major(self):
     model = _model("llama3", scan_layers=False)

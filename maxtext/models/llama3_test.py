@@ -74,10 +74,10 @@ class Llama3HuggingFaceTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "attention_bias"):
       llama3.model_config_from_hf({**hf_config.to_dict(),
                                    "attention_bias": True})
-    with self.assertRaisesRegex(ValueError, "rope_type 'yarn'"):
+    with self.assertRaisesRegex(ValueError, "rope_type 'longrope'"):
       llama3.model_config_from_hf({
           **hf_config.to_dict(),
-          "rope_parameters": dict(rope_type="yarn", rope_theta=1e4)})
+          "rope_parameters": dict(rope_type="longrope", rope_theta=1e4)})
 
 
 class Llama3ParameterCountTest(parameterized.TestCase):

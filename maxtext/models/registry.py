@@ -16,9 +16,11 @@ import types
 from flax import nnx
 
 from maxtext.common.model_config import ModelConfig
+from maxtext.models import deepseek3
 from maxtext.models import gemma
 from maxtext.models import gemma2
 from maxtext.models import gemma3
+from maxtext.models import gpt_oss
 from maxtext.models import llama2
 from maxtext.models import llama3
 from maxtext.models import mistral
@@ -28,9 +30,11 @@ from maxtext.models import qwen3
 from maxtext.models import qwen3_moe
 
 FAMILIES: dict[str, types.ModuleType] = {
+    "deepseek3": deepseek3,
     "gemma": gemma,
     "gemma2": gemma2,
     "gemma3": gemma3,
+    "gpt_oss": gpt_oss,
     "llama2": llama2,
     "llama3": llama3,
     "mistral": mistral,
@@ -43,10 +47,12 @@ FAMILIES: dict[str, types.ModuleType] = {
 # Hugging Face `config.json` model_type -> family. Llama 2 checkpoints have
 # Llama's model_type and load as llama3 (the same model code and layout).
 HF_MODEL_TYPES: dict[str, str] = {
+    "deepseek_v3": "deepseek3",
     "gemma": "gemma",
     "gemma2": "gemma2",
     "gemma3": "gemma3",  # Multimodal (text decoder only).
     "gemma3_text": "gemma3",
+    "gpt_oss": "gpt_oss",
     "llama": "llama3",
     "mistral": "mistral",
     "mixtral": "mixtral",

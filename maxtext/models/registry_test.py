@@ -1,5 +1,7 @@
 """Tests of the model registry."""
 
+import re
+
 from absl.testing import absltest
 from absl.testing import parameterized
 from flax import nnx
@@ -26,8 +28,7 @@ class RegistryTest(parameterized.TestCase):
   def test_unknown_family_lists_valid_ones(self):
     cfg = ModelConfig(family="gpt9", **_SIZES)
     with self.assertRaisesRegex(
-        ValueError, r"'gpt9'.*\['gemma', 'gemma2', 'gemma3', 'llama2', "
-        r"'llama3', 'mistral', 'mixtral', 'qwen2_5', 'qwen3', 'qwen3_moe'\]"):
+        ValueError, r"'gpt9'.*" + re.escape(str(sorted(registry.FAMILIES)))):
       registry.create_model(cfg, rngs=nnx.Rngs(0))
 
 

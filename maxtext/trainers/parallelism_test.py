@@ -76,7 +76,7 @@ def _batch(state, rows=8, length=8):
 @jax.jit
 def _loss_grads_and_step(state, batch):
   """(loss, gradients, state after one train step), one compile."""
-  loss, _, grads = train_step_lib.loss_and_grads(state, batch)
+  loss, _, grads, _ = train_step_lib.loss_and_grads(state, batch)
   new_state, _ = train_step_lib.train_step(state, batch)
   return loss, grads, new_state
 

@@ -6,7 +6,15 @@ next-token cross-entropy; with `z_loss > 0` the train step adds
 `z_loss * mean(log(Z)^2)` (Z the softmax normaliser), which keeps the output
 logits from drifting (PaLM). Losses the model sows as `moe.AuxLoss`
 (mixture-of-experts load balancing and router z-loss, already weighted) are
-added to the objective; `train/loss` stays the cross-entropy.
+added to the objective; `train/loss` stays the cross-entropy. The experts'
+statistics the model sows (`nnx.Intermediate` "moe_metrics" and
+"expert_load") become `moe/*` metrics, and after the update the model moves
+its router bias against the step's expert loads (`update_router_bias`,
+DeepSeek's auxiliary-loss-free balancing; the bias is model state, not a
+parameter, so neither gradients nor the optimizer touch it). With
+multi-token prediction (DeepSeek-V3, `maxtext.models.mtp`) the model sows
+each depth's logits; `mtp_loss_weight` times their mean cross-entropy is
+added to the objective and logged unweighted as `train/mtp_loss`.
 
 With `state.microbatches = M > 1` the batch is cut into M slices (row i goes
 to slice i % M, so each slice stays spread over the batch shards) and a
@@ -26,6 +34,7 @@ from flax import nnx
 
 from maxtext.common import axes
 from maxtext.layers import moe
+from maxtext.models import mtp
 from maxtext.optim import update_guard
 from maxtext.trainers.train_state import TrainState
 
@@ -62,11 +71,15 @@ def train_step(state: TrainState,
     The new state and scalar metrics of this update: `train/loss` (the
     cross-entropy, before the update), `train/learning_rate`,
     `grads/global_norm` (before clipping), when the z-loss is on
-    `train/z_loss` (its weighted term, added to the objective), and with an
+    `train/z_loss` (its weighted term, added to the objective), with an
     update guard (`maxtext.optim.update_guard`) `train/skipped` and
-    `train/skipped_steps`.
+    `train/skipped_steps`, and with experts the layers' means of
+    `moe/load_balance_loss`, `moe/router_z_loss` (both unweighted),
+    `moe/dropped_fraction` (of the token-expert assignments) and
+    `moe/load_imbalance` (max over mean expert load), and with multi-token
+    prediction `train/mtp_loss` (unweighted).
   """
-  loss, z_term, grads = loss_and_grads(state, batch)
+  loss, z_term, grads, moe_stats = loss_and_grads(state, batch)
   # The loss goes to transformations that take it (`update_guard`).
   tx = optax.with_extra_args_support(state.tx)
   updates, opt_state = tx.update(grads, state.opt_state, state.params,
@@ -80,16 +93,31 @@ def train_step(state: TrainState,
   if state.z_loss:  # Static: part of the compiled program.
     metrics["train/z_loss"] = state.z_loss * z_term
   metrics.update(update_guard.step_metrics(opt_state))
+  if "mtp_loss" in moe_stats:  # Static: multi-token prediction is on.
+    metrics["train/mtp_loss"] = moe_stats.pop("mtp_loss")
+  model_state = state.model_state
+  if moe_stats:  # Static: the model has experts.
+    expert_load_NE = moe_stats.pop("expert_load")
+    metrics.update({f"moe/{name}": value
+                    for name, value in moe_stats.items()})
+    metrics["moe/load_imbalance"] = moe.load_imbalance(expert_load_NE)
+    model = state.model()
+    model.update_router_bias(expert_load_NE)
+    model_state = nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[2])
   new_state = state.replace(step=state.step + 1, params=params,
-                            opt_state=opt_state)
+                            opt_state=opt_state, model_state=model_state)
   return new_state, metrics
 
 
 def loss_and_grads(state: TrainState, batch: dict[str, jax.Array]
-                   ) -> tuple[jax.Array, jax.Array, object]:
-  """Cross-entropy, z-term and gradients of the objective on `batch`.
+                   ) -> tuple[jax.Array, jax.Array, object, dict]:
+  """Cross-entropy, z-term, gradients of the objective on `batch` and the
+  experts' statistics.
 
-  Traced inside `train_step`; jit it to inspect gradients.
+  Traced inside `train_step`; jit it to inspect gradients. The statistics
+  are empty without experts, else the sown "moe_metrics" scalars plus
+  "expert_load" [expert layers, experts] (with microbatches, all are
+  means over the microbatches).
   """
 
   def loss_fn(params, batch):
@@ -102,13 +130,46 @@ def loss_and_grads(state: TrainState, batch: dict[str, jax.Array]
     loss, z_term = cross_entropy(logits_BLV, batch["targets"], batch["mask"])
     # Losses the model sows (mixture of experts: load balance, router z-loss).
     model_loss = sum(jax.tree.leaves(nnx.pop(model, moe.AuxLoss)))
-    return loss + state.z_loss * z_term + model_loss, (loss, z_term)
+    stats = _pop_moe_stats(model)
+    mtp_loss = _mtp_loss(model, batch)
+    if mtp_loss is not None:  # Multi-token prediction (DeepSeek-V3).
+      stats["mtp_loss"] = mtp_loss
+      model_loss += model.cfg.mtp_loss_weight * mtp_loss
+    return (loss + state.z_loss * z_term + model_loss,
+            (loss, z_term, stats))
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if state.microbatches == 1:
-    (_, (loss, z_term)), grads = grad_fn(state.params, batch)
-    return loss, z_term, grads
+    (_, (loss, z_term, moe_stats)), grads = grad_fn(state.params, batch)
+    return loss, z_term, grads, moe_stats
   return _accumulate(grad_fn, state, batch)
+
+
+def _mtp_loss(model, batch: dict[str, jax.Array]) -> jax.Array | None:
+  """Mean over the sown multi-token prediction depths of their
+  cross-entropy (`mtp.mtp_targets`); None when the model sowed none."""
+  sown = jax.tree.leaves(nnx.pop(model, mtp.MtpLogits))
+  if not sown:
+    return None
+  losses = []
+  for depth, logits_BLV in enumerate(sown, 1):
+    targets_BL, mask_BL = mtp.mtp_targets(depth, batch["targets"],
+                                          batch["mask"],
+                                          batch.get("segment_ids"))
+    losses.append(cross_entropy(logits_BLV[:, :-depth], targets_BL,
+                                mask_BL)[0])
+  return sum(losses) / len(losses)
+
+
+def _pop_moe_stats(model) -> dict[str, jax.Array]:
+  """The experts' statistics the model sowed (empty without experts)."""
+  sown = nnx.to_pure_dict(nnx.pop(
+      model, nnx.All(nnx.Intermediate,
+                     nnx.Any(nnx.PathContains("moe_metrics"),
+                             nnx.PathContains("expert_load")))))
+  if not sown:
+    return {}
+  return {**sown["moe_metrics"], "expert_load": sown["expert_load"]}
 
 
 def _accumulate(grad_fn, state: TrainState, batch: dict[str, jax.Array]):
@@ -134,19 +195,21 @@ def _accumulate(grad_fn, state: TrainState, batch: dict[str, jax.Array]):
 
   def body(carry, microbatch):
     loss_sum, z_sum, grad_sum = carry
-    (_, (loss, z_term)), grads = grad_fn(state.params, microbatch)
+    (_, (loss, z_term, moe_stats)), grads = grad_fn(state.params, microbatch)
     weight = microbatch["mask"].astype(jnp.float32).sum()
     grad_sum = jax.tree.map(
         lambda total, g: total + weight * g.astype(jnp.float32), grad_sum,
         grads)
-    return (loss_sum + weight * loss, z_sum + weight * z_term, grad_sum), None
+    return ((loss_sum + weight * loss, z_sum + weight * z_term, grad_sum),
+            moe_stats)
 
   zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32),
                        state.params)
-  (loss_sum, z_sum, grad_sum), _ = jax.lax.scan(
+  (loss_sum, z_sum, grad_sum), moe_stats = jax.lax.scan(
       body, (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros),
       micro)
   total = jnp.maximum(batch["mask"].astype(jnp.float32).sum(), 1.0)
   grads = jax.tree.map(lambda g, p: (g / total).astype(p.dtype), grad_sum,
                        state.params)
-  return loss_sum / total, z_sum / total, grads
+  return (loss_sum / total, z_sum / total, grads,
+          jax.tree.map(lambda x: x.mean(0), moe_stats))

@@ -9,6 +9,14 @@ Example:
 
   tools/bazel run //tools/bench:train_bench -- --config=configs/gemma3.py \
       --steps=10 --config.train.batch_size=16
+
+Mixture of experts, dropless vs capacity with expert parallelism on 8 fake
+CPU devices: run it alternately (other jobs share the cores) with
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+  tools/bazel run //tools/bench:train_bench -- --config=configs/mixtral.py \
+      --config.mesh.ici.data=1 --config.mesh.ici.expert=8 \
+      --config.model.moe_impl=dropless   # then =capacity, and again.
 """
 
 import resource
@@ -75,6 +83,9 @@ def main(argv: list[str]) -> None:
       ("peak memory", _peak_memory()),
       ("last loss", f"{float(metrics['train/loss']):.4f}"),
   ]
+  # Mixture of experts: the drops and balance behind the speed.
+  rows += [(name, f"{float(metrics[name]):.4f}") for name in
+           ("moe/dropped_fraction", "moe/load_imbalance") if name in metrics]
   width = max(len(name) for name, _ in rows)
   for name, value in rows:
     print(f"{name:<{width}}  {value}")

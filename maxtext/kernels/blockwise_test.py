@@ -1,0 +1,151 @@
+"""Tests of blockwise attention: equals the reference (forward and gradients)
+and its compiled training step needs no L x L buffer."""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxtext.kernels import attention
+from maxtext.kernels import blockwise
+
+_B, _L, _K = 2, 37, 8  # L is not a multiple of the blocks below.
+_BLOCKS = dict(block_q=8, block_kv=16)
+
+
+def _inputs(num_heads, num_kv_heads, length=_L, value_dim=_K, seed=0):
+  rng = np.random.RandomState(seed)
+  q = rng.normal(size=(_B, length, num_heads, _K)).astype(np.float32)
+  k = rng.normal(size=(_B, length, num_kv_heads, _K)).astype(np.float32)
+  v = rng.normal(size=(_B, length, num_kv_heads, value_dim)).astype(
+      np.float32)
+  return q, k, v
+
+
+def _segments(length=_L):
+  rng = np.random.RandomState(3)
+  return np.sort(rng.randint(0, 4, size=(_B, length)), axis=1).astype(
+      np.int32)
+
+
+def _value_and_grads(fn, q, k, v, sinks, **kwargs):
+  """Output and gradients of sum(o * w) w.r.t. q, k, v (and sinks)."""
+  weights = np.random.RandomState(7).normal(
+      size=q.shape[:3] + v.shape[-1:]).astype(np.float32)
+
+  def loss(q, k, v, sinks):
+    o = fn(q, k, v, sinks_H=sinks, **kwargs)
+    return (o.astype(jnp.float32) * weights).sum(), o
+
+  argnums = (0, 1, 2) if sinks is None else (0, 1, 2, 3)
+  grads, out = jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, sinks)
+  return out, grads
+
+
+_CASES = [
+    dict(testcase_name="mha", num_heads=4, num_kv_heads=4),
+    dict(testcase_name="gqa2", num_heads=4, num_kv_heads=2),
+    dict(testcase_name="gqa4_mqa", num_heads=4, num_kv_heads=1),
+    dict(testcase_name="window", num_heads=4, num_kv_heads=2, window=5),
+    dict(testcase_name="window_wider_than_block", num_heads=4,
+         num_kv_heads=1, window=20),
+    dict(testcase_name="segments", num_heads=4, num_kv_heads=2,
+         segments=True),
+    dict(testcase_name="softcap", num_heads=4, num_kv_heads=2, softcap=2.0),
+    dict(testcase_name="sinks", num_heads=4, num_kv_heads=2, sinks=True),
+    dict(testcase_name="all", num_heads=4, num_kv_heads=1, window=9,
+         segments=True, softcap=3.0, sinks=True),
+]
+
+
+class BlockwiseTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*_CASES)
+  def test_matches_reference_fp32(self, num_heads, num_kv_heads, window=None,
+                                  segments=False, softcap=0.0, sinks=False):
+    q, k, v = _inputs(num_heads, num_kv_heads)
+    sinks_H = (np.linspace(-1.0, 2.0, num_heads).astype(np.float32)
+               if sinks else None)
+    kwargs = dict(scale=0.4, window=window, logit_softcap=softcap,
+                  segment_ids_BL=_segments() if segments else None)
+    want, want_grads = _value_and_grads(attention.reference_attention, q, k,
+                                        v, sinks_H, **kwargs)
+    got, got_grads = _value_and_grads(blockwise.blockwise_attention, q, k, v,
+                                      sinks_H, **kwargs, **_BLOCKS)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    self.assertLen(got_grads, len(want_grads))
+    for name, g, w in zip("qkvs", got_grads, want_grads):
+      np.testing.assert_allclose(g, w, atol=5e-5, err_msg=f"d{name}")
+
+  def test_matches_reference_bf16(self):
+    q, k, v = (x.astype(jnp.bfloat16) for x in _inputs(4, 2))
+    kwargs = dict(scale=0.4, window=11, segment_ids_BL=_segments())
+    want, want_grads = _value_and_grads(attention.reference_attention, q, k,
+                                        v, None, **kwargs)
+    got, got_grads = _value_and_grads(blockwise.blockwise_attention, q, k, v,
+                                      None, **kwargs, **_BLOCKS)
+    self.assertEqual(got.dtype, jnp.bfloat16)
+    # bf16 rounds at 2**-8 relative; outputs and grads are O(1).
+    np.testing.assert_allclose(np.float32(got), np.float32(want), atol=2e-2)
+    for name, g, w in zip("qkv", got_grads, want_grads):
+      np.testing.assert_allclose(np.float32(g), np.float32(w), atol=5e-2,
+                                 err_msg=f"d{name}")
+
+  def test_value_dim_differs_from_key_dim(self):
+    q, k, v = _inputs(4, 4, value_dim=12)
+    want, want_grads = _value_and_grads(attention.reference_attention, q, k,
+                                        v, None, scale=0.3)
+    got, got_grads = _value_and_grads(blockwise.blockwise_attention, q, k, v,
+                                      None, scale=0.3, **_BLOCKS)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    for g, w in zip(got_grads, want_grads):
+      np.testing.assert_allclose(g, w, atol=5e-5)
+
+  def test_explicit_mask_over_kv_cache(self):
+    """Decoding: two queries per row at given positions over a 37-slot
+    cache (keys past the positions are garbage the mask must hide)."""
+    q, k, v = _inputs(4, 2)
+    q = q[:, :2]
+    mask_BLS = attention.positions_mask(np.array([[3, 4], [30, 31]]), _L,
+                                        window=6)
+    sinks_H = np.float32([0.5, -1.0, 0.0, 1.0])
+    want, want_grads = _value_and_grads(attention.reference_attention, q, k,
+                                        v, sinks_H, scale=0.4,
+                                        mask_BLS=mask_BLS)
+    got, got_grads = _value_and_grads(blockwise.blockwise_attention, q, k, v,
+                                      sinks_H, scale=0.4, mask_BLS=mask_BLS,
+                                      block_kv=8)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    for g, w in zip(got_grads, want_grads):
+      np.testing.assert_allclose(g, w, atol=5e-5)
+
+  def test_bad_block_size(self):
+    q, k, v = _inputs(2, 2)
+    with self.assertRaisesRegex(ValueError, "block_kv=0"):
+      blockwise.blockwise_attention(q, k, v, scale=1.0, block_kv=0)
+
+  def test_training_step_memory_stays_below_one_score_matrix(self):
+    """L=4096: the compiled fwd+bwd of blockwise needs less scratch than one
+    float32 L x L x H score matrix; the reference needs more."""
+    length, num_heads, num_kv_heads, head_dim = 4096, 4, 2, 32
+    q = jax.ShapeDtypeStruct((1, length, num_heads, head_dim), jnp.float32)
+    kv = jax.ShapeDtypeStruct((1, length, num_kv_heads, head_dim),
+                              jnp.float32)
+
+    def temp_bytes(fn):
+      def loss(q, k, v):
+        return fn(q, k, v, scale=head_dim**-0.5).sum()
+      compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(
+          q, kv, kv).compile()
+      return compiled.memory_analysis().temp_size_in_bytes
+
+    bound = length * length * num_heads * 4
+    reference = temp_bytes(attention.reference_attention)
+    flash = temp_bytes(blockwise.blockwise_attention)
+    self.assertGreater(reference, bound)
+    self.assertLess(flash, bound)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,194 @@
+"""Multi-head latent attention (MLA, DeepSeek-V2/V3).
+
+Queries: x -> q_a (rank `q_lora_rank`) -> RMSNorm -> q_b, per head a
+non-rotary part (width N = `qk_nope_head_dim`) and a rotary part (width
+K = `head_dim`); with `q_lora_rank` 0 one projection x -> q. Keys and values
+come from a compressed latent: x -> kv_a gives a latent (width C =
+`kv_lora_rank`) and one rotary key shared by all heads (width K); the latent
+is RMS-normalised and kv_b expands it into every head's non-rotary key (N)
+and value (width V = `v_head_dim`). The rotary parts are rotated by position
+(decoupled RoPE, with YaRN scaling when configured); a head's key is
+[non-rotary key, shared rotary key]. The softmax scale is
+(N + K)**-0.5, times `yarn_mscale(factor, mscale_all_dim)**2` with YaRN
+(as in DeepSeek-V3 and transformers' DeepseekV3Attention).
+
+With `rope_interleave` (DeepSeek's checkpoints) the rotary part pairs
+dimensions (0, 1), (2, 3), ...: it is de-interleaved (evens, then odds) and
+rotated in the half-split layout of `maxtext.layers.rope`, which is exactly
+transformers' `apply_rotary_pos_emb_interleave` (whose output is in that
+layout too). Queries and keys get the same permutation, so the logits are
+those of the interleaved rotation.
+
+The KV cache (`empty_cache`) stores per token only the normalised latent
+and the rotated shared key, a `KVCache` whose "keys" are the latents
+[B, S, 1, C] and "values" the rotary keys [B, S, 1, K]; decoding expands the
+cached latents with kv_b, so it computes the same function as the uncached
+forward pass (the weight-absorbed decoding of DeepSeek's inference code,
+which skips that expansion, is not implemented).
+
+Remat names (`maxtext.layers.remat`): "query_proj" (queries), "key_proj"
+(the kv_a output: latent and rotary key), "attention_context" and
+"out_proj", as in `maxtext.layers.attention`.
+
+Shape key: B batch, L length, S cache length, D embed dim, H heads,
+Q query rank, C latent width, N non-rotary head dim, K rotary head dim,
+V value head dim.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+from flax import nnx
+
+from maxtext.common import axes
+from maxtext.common.model_config import ModelConfig
+from maxtext.kernels import attention as attention_kernels
+from maxtext.kernels import dispatch as attention_dispatch
+from maxtext.layers import kv_cache as kv_cache_lib
+from maxtext.layers import linear
+from maxtext.layers import norm
+from maxtext.layers import rope
+
+# Logical axes of the low-rank widths (replicated unless a rule names them).
+Q_LORA = "q_lora"
+KV_LORA = "kv_lora"
+# DeepSeek's (and transformers') q_a / kv_a norms keep RMSNorm's default eps.
+LATENT_NORM_EPS = 1e-6
+
+
+def softmax_scale(cfg: ModelConfig) -> float:
+  """(qk_nope_head_dim + head_dim)**-0.5, times YaRN's mscale**2 when the
+  yarn scaling sets `rope_yarn_mscale_all_dim`."""
+  scale = cfg.query_scale
+  if cfg.rope_scaling == "yarn" and cfg.rope_yarn_mscale_all_dim:
+    scale *= rope.yarn_mscale(cfg.rope_scaling_factor,
+                              cfg.rope_yarn_mscale_all_dim)**2
+  return scale
+
+
+def empty_cache(cfg: ModelConfig, batch: int,
+                length: int) -> kv_cache_lib.KVCache:
+  """A zero latent cache: latents [B, S, 1, C] and rotary keys [B, S, 1, K]."""
+  dtype = jnp.dtype(cfg.dtype)
+  return kv_cache_lib.KVCache(
+      jnp.zeros((batch, length, 1, cfg.kv_lora_rank), dtype),
+      jnp.zeros((batch, length, 1, cfg.head_dim), dtype))
+
+
+class MLA(nnx.Module):
+  """Latent q/kv projections -> decoupled rotary -> attention -> output.
+
+  Same call signature as `maxtext.layers.attention.Attention`.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def project(in_shape, out_shape, in_axes, out_axes):
+      return linear.Linear(in_shape, out_shape, in_axes=in_axes,
+                           out_axes=out_axes, dtype=cfg.dtype,
+                           param_dtype=cfg.param_dtype, rngs=rngs)
+
+    def latent_norm(dim, axis_name):
+      return norm.RMSNorm(dim, axis_name=axis_name, eps=LATENT_NORM_EPS,
+                          offset=0.0, param_dtype=cfg.param_dtype)
+
+    heads = cfg.num_heads
+    qk_dim = cfg.qk_nope_head_dim + cfg.head_dim
+    head_axes = (axes.HEADS, axes.HEAD_DIM)
+    if cfg.q_lora_rank:
+      self.query = None
+      self.query_down = project((cfg.embed_dim,), (cfg.q_lora_rank,),
+                                (axes.EMBED,), (Q_LORA,))
+      self.query_norm = latent_norm(cfg.q_lora_rank, Q_LORA)
+      self.query_up = project((cfg.q_lora_rank,), (heads, qk_dim), (Q_LORA,),
+                              head_axes)
+    else:
+      self.query = project((cfg.embed_dim,), (heads, qk_dim), (axes.EMBED,),
+                           head_axes)
+      self.query_down = self.query_norm = self.query_up = None
+    self.kv_down = project((cfg.embed_dim,),
+                           (cfg.kv_lora_rank + cfg.head_dim,), (axes.EMBED,),
+                           (KV_LORA,))
+    self.kv_norm = latent_norm(cfg.kv_lora_rank, KV_LORA)
+    self.kv_up = project((cfg.kv_lora_rank,),
+                         (heads, cfg.qk_nope_head_dim + cfg.v_head_dim),
+                         (KV_LORA,), head_axes)
+    self.output = project((heads, cfg.v_head_dim), (cfg.embed_dim,),
+                          head_axes, (axes.EMBED,))
+    self.kernel = attention_dispatch.kernel(
+        cfg.attention_impl, block_q=cfg.attention_block_q,
+        block_kv=cfg.attention_block_kv)
+    self.scale = softmax_scale(cfg)
+    self.logit_softcap = cfg.attn_logit_softcap
+    self.interleaved = cfg.rope_interleave
+    self.nope_dim = cfg.qk_nope_head_dim
+    self.latent_dim = cfg.kv_lora_rank
+
+  def _rotate(self, rotary: rope.Rotary, x_BLHK: jax.Array) -> jax.Array:
+    if self.interleaved:
+      x_BLHK = jnp.concatenate([x_BLHK[..., 0::2], x_BLHK[..., 1::2]],
+                               axis=-1)
+    return rotary.apply(x_BLHK)
+
+  def _keys_values(self, latent_BSC, k_rope_BS1K):
+    """Per-head keys [B, S, H, N + K] and values [B, S, H, V] of latents."""
+    kv_BSHX = self.kv_up(latent_BSC)
+    k_nope_BSHN = kv_BSHX[..., :self.nope_dim]
+    v_BSHV = kv_BSHX[..., self.nope_dim:]
+    k_rope_BSHK = jnp.broadcast_to(
+        k_rope_BS1K, (*k_nope_BSHN.shape[:-1], k_rope_BS1K.shape[-1]))
+    return (jnp.concatenate([k_nope_BSHN, k_rope_BSHK.astype(
+        k_nope_BSHN.dtype)], axis=-1), v_BSHV)
+
+  def __call__(
+      self,
+      x_BLD: jax.Array,
+      rotary: rope.Rotary,
+      *,
+      window: int | None = None,
+      segment_ids_BL: jax.Array | None = None,
+      cache: kv_cache_lib.KVCache | None = None,
+      positions_BL: jax.Array | None = None,
+  ) -> jax.Array | tuple[jax.Array, kv_cache_lib.KVCache]:
+    """Attends causally (see `Attention.__call__`); with `cache` (from
+    `empty_cache`) the tokens' latents are written at `positions_BL` and
+    the tokens attend over every cached position; returns (output, cache).
+    """
+    if window is not None:
+      raise ValueError(f"MLA has no sliding window (got window={window}).")
+    q_names = (axes.BATCH, axes.LENGTH, axes.HEADS, axes.HEAD_DIM)
+    kv_names = (axes.BATCH, axes.KV_LENGTH, axes.HEADS, axes.HEAD_DIM)
+    if self.query is None:
+      q_BLHX = self.query_up(self.query_norm(self.query_down(x_BLD)))
+    else:
+      q_BLHX = self.query(x_BLD)
+    q_BLHX = checkpoint_name(q_BLHX, "query_proj")
+    q_BLHX = jnp.concatenate(
+        [q_BLHX[..., :self.nope_dim],
+         self._rotate(rotary, q_BLHX[..., self.nope_dim:])], axis=-1)
+    q_BLHX = axes.constrain(q_BLHX, q_names)
+    kv_BLX = checkpoint_name(self.kv_down(x_BLD), "key_proj")
+    latent_BLC = self.kv_norm(kv_BLX[..., :self.latent_dim])
+    k_rope_BL1K = self._rotate(rotary, kv_BLX[..., None, self.latent_dim:])
+    if cache is None:
+      k_BLHX, v_BLHV = self._keys_values(latent_BLC, k_rope_BL1K)
+      o_BLHV = self.kernel(q_BLHX, axes.constrain(k_BLHX, kv_names),
+                           axes.constrain(v_BLHV, kv_names),
+                           scale=self.scale, segment_ids_BL=segment_ids_BL,
+                           logit_softcap=self.logit_softcap)
+    else:
+      if segment_ids_BL is not None or positions_BL is None:
+        raise ValueError("Decoding with a KV cache needs positions_BL and "
+                         "takes no segment_ids_BL.")
+      cache = cache.write(latent_BLC[:, :, None], k_rope_BL1K,
+                          positions_BL[:, 0])
+      k_BSHX, v_BSHV = self._keys_values(cache.key_BSGK[:, :, 0],
+                                         cache.value_BSGK)
+      mask_BLS = attention_kernels.positions_mask(positions_BL, cache.length)
+      o_BLHV = self.kernel(q_BLHX, axes.constrain(k_BSHX, kv_names),
+                           axes.constrain(v_BSHV, kv_names),
+                           scale=self.scale, logit_softcap=self.logit_softcap,
+                           mask_BLS=mask_BLS)
+    o_BLHV = checkpoint_name(axes.constrain(o_BLHV, q_names),
+                             "attention_context")
+    out_BLD = checkpoint_name(self.output(o_BLHV), "out_proj")
+    return out_BLD if cache is None else (out_BLD, cache)
