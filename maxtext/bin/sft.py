@@ -22,40 +22,16 @@ Example (LoRA on a converted SmolLM2-135M-Instruct, see docs/posttrain.md):
 Exit status: 0 done; 1 an error, named in one line on stderr.
 """
 
-import sys
-
-from absl import app
-from absl import flags
-from ml_collections import config_flags
-
 from maxtext.posttrain import runtime
 from maxtext.posttrain import sft
-from maxtext.trainers import config_flag
-from maxtext.trainers import workdir as workdir_lib
 
-_CONFIG = config_flag.define_config_file(
-    "config",
-    "Post-training config, e.g. configs/sft.py:lora or configs/dpo.py:orpo;"
-    " override fields with --config.<section>.<key>=<value>.")
-_LOAD = flags.DEFINE_string(
-    "load", None, "The starting checkpoint (sets config.train.load).")
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None,
-    "Output directory; default runs/<config file stem>[_<variant>] under the"
-    " directory you run from.")
+_FLAGS = runtime.define_binary_flags(
+    config_help="Post-training config, e.g. configs/sft.py:lora or"
+    " configs/dpo.py:orpo",
+    load_help="The starting checkpoint (sets config.train.load).",
+    default_workdir="runs/<config file stem>[_<variant>]")
 
-
-def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  config = _CONFIG.value
-  runtime.run_binary(
-      "sft", sft.run, config,
-      config_path=config_flags.get_config_filename(flags.FLAGS["config"]),
-      load=_LOAD.value, workdir=_WORKDIR.value)
-
+main = runtime.binary_main("sft", sft.run, _FLAGS)
 
 if __name__ == "__main__":
-  flags.mark_flag_as_required("config")
-  sys.argv = workdir_lib.resolve_config_argv(sys.argv)
-  app.run(main)
+  runtime.start_binary(main)

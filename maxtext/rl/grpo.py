@@ -1,0 +1,304 @@
+"""GRPO and GSPO on Tunix's `GRPOLearner` with our models.
+
+`run(config, workdir)` is what `//maxtext/bin:grpo` runs:
+
+- The policy starts from `train.load` (full, LoRA or QLoRA as in SFT), or
+  from a random model of the `model` section (saved to
+  <workdir>/initial_model first). With `rl.beta > 0` a frozen copy of the
+  starting model is the reference of the KL term.
+- Tunix's `RLCluster` holds three roles, all `maxtext.rl.policy
+  .PolicyModel`s: the actor (trained), the reference and the rollout. The
+  rollout engine is one config key, `rollout.engine`: "jax" (our sampler,
+  `maxtext.rl.jax_rollout`) or "vllm" (`maxtext.rl.vllm_rollout`, imported
+  only when chosen). `rollout.devices = N` gives the rollout its own mesh
+  of the last N devices; the trainer's mesh gets the others.
+- Every batch of `train.batch_size` prompts is sampled
+  `rl.num_generations` times; the rewards (`maxtext.rl.rewards`, weighted
+  and summed) give group-relative advantages; the policy takes
+  `rl.num_iterations` clipped updates on them ("grpo": token-level
+  importance ratio; "gspo-token": the sequence-level one).
+
+Metrics (log, <workdir>/metrics.jsonl, TensorBoard): Tunix's
+"<group>/<mode>/<name>" events written as "<mode>/<group>/<name>", e.g.
+train/actor/loss, train/actor/kl, train/rewards/sum (the total reward),
+train/rewards/<fn> (each weighted reward's mean), train/rewards/<fn>_std,
+train/completions/mean_length, train/rollout/tokens_per_s. The trained
+policy is exported to <workdir>/export like an SFT run.
+"""
+
+import dataclasses
+import functools
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+from absl import logging
+from flax import nnx
+import jax
+import ml_collections
+import numpy as np
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.rl.grpo import grpo_learner
+from tunix.rl.rollout import base_rollout
+
+from maxtext.checkpoint import params_checkpoint
+from maxtext.data import chat_template as chat_lib
+from maxtext.data import tokenizer as tokenizer_lib
+from maxtext.models import registry
+from maxtext.posttrain import base_model
+from maxtext.posttrain import rows as rows_lib
+from maxtext.posttrain import runtime as runtime_lib
+from maxtext.rl import jax_rollout
+from maxtext.rl import policy as policy_lib
+from maxtext.rl import rewards as rewards_lib
+from maxtext.rl import toy_task
+from maxtext.rl.config import RlRunConfig
+from maxtext.rl.config import TOY_SOURCE
+from maxtext.sharding import mesh as mesh_lib
+from maxtext.sharding import rules as rules_lib
+from maxtext.trainers import workdir as workdir_lib
+
+TOY_DIRNAME = "toy"
+INITIAL_MODEL_DIRNAME = "initial_model"
+_MODES = ("train", "eval")
+
+
+class RlMetricsBackend(runtime_lib.MetricsBackend):
+  """Writes Tunix's RL events "<group>/<mode>/<name>" as
+  "<mode>/<group>/<name>" (the post-training backend keeps only names that
+  start with the mode)."""
+
+  def log_scalar(self, event: str, value: Any, *, step: int | None = None,
+                 **kwargs) -> None:
+    parts = event.lstrip("/").split("/", 2)
+    if len(parts) == 3 and parts[1] in _MODES:
+      event = f"{parts[1]}/{parts[0]}/{parts[2]}"
+    super().log_scalar(event, value, step=step, **kwargs)
+
+
+def _data(config: RlRunConfig, workdir: str) -> RlRunConfig:
+  """`config` with the toy task written to the workdir when asked."""
+  if config.data.source != TOY_SOURCE:
+    return config
+  tokenizer, files = toy_task.write_task(os.path.join(workdir, TOY_DIRNAME))
+  data = dataclasses.replace(config.data, source="jsonl", files=files,
+                             tokenizer=tokenizer, columns=("answer",))
+  return dataclasses.replace(config, data=data)
+
+
+def _start_checkpoint(config: RlRunConfig, workdir: str,
+                      vocab_size: int) -> str:
+  """`train.load`, or a random model of the `model` section saved once to
+  <workdir>/initial_model (a rerun reuses it)."""
+  if config.train.load:
+    return config.train.load
+  cfg = config.model
+  if cfg.vocab_size < vocab_size:
+    raise ValueError(f"model.vocab_size={cfg.vocab_size} is smaller than"
+                     f" the tokenizer's {vocab_size} tokens.")
+  path = os.path.join(workdir, INITIAL_MODEL_DIRNAME)
+  if not os.path.isdir(os.path.join(path, params_checkpoint.PARAMS_DIRNAME)):
+    shutil.rmtree(path, ignore_errors=True)
+    model = registry.create_model(cfg, rngs=nnx.Rngs(config.train.seed))
+    params_checkpoint.save_converted(path, cfg,
+                                     params_checkpoint.model_params(model))
+    logging.info("Saved a random %s model to %s.", cfg.family, path)
+  return path
+
+
+def _prompts(config: RlRunConfig, tokenizer: tokenizer_lib.Tokenizer,
+             files: str) -> list[dict[str, Any]]:
+  """The records of `files`: {"prompts": text, column: value, ...}, the
+  prompt rendered by `data.chat_template` when set."""
+  data = config.data
+  encoder = (chat_lib.ChatEncoder(chat_lib.load_template(data.chat_template),
+                                  tokenizer) if data.chat_template else None)
+  records = []
+  for row in rows_lib.read_rows(data.source, files,
+                                (data.prompt_field, *data.columns)):
+    prompt = row.pop(data.prompt_field)
+    if encoder:
+      prompt = encoder.render([{"role": "user", "content": prompt}],
+                              add_generation_prompt=True)
+    records.append({"prompts": prompt, **row})
+  if not records:
+    raise ValueError(f"data.files={files!r} holds no records.")
+  return records
+
+
+def _batch(records: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+  """Columns as arrays (Tunix repeats each leaf per generation)."""
+  return {key: np.asarray([r[key] for r in records]) for key in records[0]}
+
+
+def train_batches(records: list[dict[str, Any]], batch_size: int,
+                  seed: int) -> Iterator[dict[str, np.ndarray]]:
+  """Batches of `batch_size` records, reshuffled every epoch, endless."""
+  rng = random.Random(seed)
+  order: list[int] = []
+  while True:
+    while len(order) < batch_size:
+      epoch = list(range(len(records)))
+      rng.shuffle(epoch)
+      order += epoch
+    yield _batch([records[i] for i in order[:batch_size]])
+    order = order[batch_size:]
+
+
+def _eval_batches(records: list[dict[str, Any]],
+                  batch_size: int) -> list[dict[str, np.ndarray]]:
+  """Whole batches of the eval records, one pass."""
+  return [_batch(records[i:i + batch_size])
+          for i in range(0, len(records) - batch_size + 1, batch_size)]
+
+
+def _meshes(config: RlRunConfig) -> tuple[runtime_lib.Runtime,
+                                          jax.sharding.Mesh]:
+  """The trainer's runtime and the rollout mesh (`rollout.devices`)."""
+  split = config.rollout.devices
+  if not split:
+    runtime = runtime_lib.make_runtime(config)
+    return runtime, runtime.mesh
+  devices = jax.devices()
+  if split >= len(devices):
+    raise ValueError(f"rollout.devices={split} leaves no trainer device of"
+                     f" the {len(devices)}; use 0 (shared) or fewer.")
+  mesh = mesh_lib.make_mesh(config.mesh, devices[:-split])
+  rollout_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(), devices[-split:])
+  runtime = runtime_lib.Runtime(
+      mesh=mesh, rules=rules_lib.LogicalRules.from_config(mesh,
+                                                          config.sharding))
+  return runtime, rollout_mesh
+
+
+def rollout_engine(config: RlRunConfig, workdir: str) -> Any:
+  """`ClusterConfig.rollout_engine` for `rollout.engine`."""
+  if config.rollout.engine == "vllm":
+    from maxtext.rl import vllm_rollout  # pylint: disable=g-import-not-at-top
+    return functools.partial(
+        vllm_rollout.VllmRollout, workdir=os.path.join(workdir, "vllm"),
+        seed=config.train.seed)
+  return functools.partial(jax_rollout.JaxRollout,
+                           pad_to=config.rollout.pad_to,
+                           seed=config.train.seed)
+
+
+def rollout_config(config: RlRunConfig,
+                   tokenizer: policy_lib.RlTokenizer
+                   ) -> base_rollout.RolloutConfig:
+  """Tunix's rollout config of the `rollout` section."""
+  r = config.rollout
+  stops = [tokenizer.eos_id()]
+  for text in r.stop_tokens:
+    ids = tokenizer.encode(text)
+    if len(ids) != 1:
+      raise ValueError(f"rollout.stop_tokens entry {text!r} is {len(ids)}"
+                       " tokens; each stop token must be one token.")
+    stops.append(ids[0])
+  return base_rollout.RolloutConfig(
+      max_tokens_to_generate=r.max_new_tokens, temperature=r.temperature,
+      top_p=r.top_p, top_k=r.top_k or None,
+      max_prompt_length=r.max_prompt_length,
+      kv_cache_size=r.max_prompt_length + r.max_new_tokens,
+      eos_tokens=stops, return_logprobs=True)
+
+
+def grpo_config(config: RlRunConfig) -> grpo_learner.GRPOConfig:
+  rl = config.rl
+  return grpo_learner.GRPOConfig(
+      loss_algo=rl.loss_algo, num_generations=rl.num_generations,
+      num_iterations=rl.num_iterations, beta=rl.beta, epsilon=rl.epsilon,
+      kl_loss_mode=rl.kl_loss_mode, loss_agg_mode=rl.loss_agg_mode)
+
+
+def _metric_fns(reward_fns, cluster: rl_cluster_lib.RLCluster):
+  """Per-reward standard deviations and the rollout's tokens/s."""
+
+  def metrics(prompts, completions, rewards, advantages, **columns):
+    del advantages
+    out = {f"rewards/{fn.__name__}_std": (
+        float(np.std(fn(prompts, completions, **columns))), np.mean)
+           for fn in reward_fns}
+    out["rewards/std"] = (float(np.std(rewards)), np.mean)
+    speed = getattr(cluster.rollout, "last_tokens_per_s", None)
+    if speed is not None:
+      out["rollout/tokens_per_s"] = (float(speed), np.mean)
+    return out
+
+  return [metrics]
+
+
+def run_grpo(config: RlRunConfig, workdir: str) -> runtime_lib.RunResult:
+  """Trains `train.load` (or a model from scratch) with GRPO/GSPO."""
+  config = _data(config, workdir)
+  if not config.data.tokenizer:
+    if not config.train.load:
+      raise ValueError("data.tokenizer is empty and so is train.load: give"
+                       " the tokenizer of a model trained from scratch.")
+    config = dataclasses.replace(config, data=dataclasses.replace(
+        config.data, tokenizer=os.path.join(config.train.load,
+                                            "tokenizer.json")))
+  tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer)
+  rl_tokenizer = policy_lib.RlTokenizer(tokenizer)
+  runtime, rollout_mesh = _meshes(config)
+  load = _start_checkpoint(config, workdir, tokenizer.vocab_size)
+  loaded = base_model.load_model(load, lora=config.lora,
+                                 seed=config.train.seed, rules=runtime.rules)
+  reference = None
+  if config.rl.beta:
+    reference = policy_lib.PolicyModel.of(
+        base_model.load_model(load, rules=runtime.rules).model)
+  records = _prompts(config, tokenizer, config.data.files)
+  eval_data = None
+  if config.data.eval_every_steps:
+    eval_data = _eval_batches(
+        _prompts(config, tokenizer, config.data.eval_files),
+        config.train.batch_size)
+  r = config.rollout
+  training = runtime_lib.training_config(
+      config, workdir, runtime, r.max_prompt_length + r.max_new_tokens,
+      cls=rl_cluster_lib.RLTrainingConfig,
+      actor_optimizer=runtime_lib.make_optimizer(config),
+      mini_batch_size=config.train.mini_batch_size or None)
+  backends = training.metrics_logging_options.backend_kwargs
+  make_backend = backends["custom_backend"][0]
+  backends["custom_backend"] = [
+      lambda: RlMetricsBackend(make_backend().writer)]
+  roles = rl_cluster_lib.Role
+  cluster_config = rl_cluster_lib.ClusterConfig(
+      role_to_mesh={roles.ACTOR: runtime.mesh, roles.REFERENCE: runtime.mesh,
+                    roles.ROLLOUT: rollout_mesh},
+      rollout_engine=rollout_engine(config, workdir),
+      training_config=training,
+      rollout_config=rollout_config(config, rl_tokenizer))
+  reward_fns = rewards_lib.make_reward_fns(config.rl.rewards,
+                                           max_words=config.rl.max_words)
+  with runtime.activate():
+    cluster = rl_cluster_lib.RLCluster(
+        actor=policy_lib.PolicyModel.of(loaded.model), reference=reference,
+        tokenizer=rl_tokenizer, cluster_config=cluster_config)
+    learner = grpo_learner.GRPOLearner(
+        cluster, grpo_config(config), reward_fns,
+        metric_fns=_metric_fns(reward_fns, cluster))
+    learner.train(train_batches(records, config.train.batch_size,
+                                config.data.shuffle_seed), eval_data)
+  # The actor trained the decoder `loaded` holds, unless Tunix moved it.
+  nnx.update(loaded.model.model,
+             nnx.state(cluster.actor_trainer.model.model))
+  return runtime_lib.finish(config, workdir, loaded, cluster.actor_trainer)
+
+
+def run(config: ml_collections.ConfigDict,
+        workdir: str) -> runtime_lib.RunResult:
+  """Runs the RL `config` in `workdir`.
+
+  Raises:
+    ValueError: the config is invalid (names the key).
+  """
+  rl_config = RlRunConfig.from_config_dict(config)
+  workdir = os.path.abspath(workdir)
+  if jax.process_index() == 0:
+    workdir_lib.write_config(workdir, config.to_dict(), step=0)
+  return run_grpo(rl_config, workdir)

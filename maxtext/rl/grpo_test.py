@@ -1,0 +1,181 @@
+"""Tests of the GRPO/GSPO run: the toy task's reward rises, the two losses
+equal a numpy computation of their formulas on one batch (and differ only
+when the rollouts came from an older policy), a separate rollout mesh trains
+like a shared one (2 CPU devices:
+XLA_FLAGS=--xla_force_host_platform_device_count=2), and config errors name
+the key."""
+
+import os
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import jax.numpy as jnp
+import numpy as np
+from tunix.rl import algo_core
+from tunix.rl.grpo import grpo_learner
+
+from configs import grpo as grpo_config
+from maxtext.metrics import writers
+from maxtext.models import registry
+from maxtext.rl import grpo
+from maxtext.rl import policy
+from maxtext.rl.config import RlRunConfig
+from testing import devices
+from testing import tiny_configs
+
+_PAD, _EOS, _EPSILON = 0, 1, 0.2
+
+
+def _np_log_softmax(logits):
+  logits = logits - logits.max(-1, keepdims=True)
+  return logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+
+
+def _np_loss(logps_BT, old_BT, mask_BT, advantages_B, loss_algo):
+  """The clipped policy loss of GRPO or GSPO-token ("sequence-mean-token-
+  mean"), from the papers' formulas."""
+  log_ratio_BT = logps_BT - old_BT
+  if loss_algo == "gspo-token":
+    # The sequence's ratio: exp of the mean log-ratio of its tokens.
+    seq_B = (log_ratio_BT * mask_BT).sum(-1) / mask_BT.sum(-1)
+    log_ratio_BT = np.broadcast_to(seq_B[:, None], logps_BT.shape)
+  ratio_BT = np.exp(log_ratio_BT)
+  adv_B1 = advantages_B[:, None]
+  loss_BT = np.maximum(-adv_B1 * ratio_BT, -adv_B1 * np.clip(
+      ratio_BT, 1 - _EPSILON, 1 + _EPSILON))
+  return ((loss_BT * mask_BT).sum(-1) / mask_BT.sum(-1)).mean()
+
+
+class LossTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cfg = tiny_configs.tiny_model_config("llama3", window=0)
+    cls.model = policy.PolicyModel(
+        registry.create_model(cfg, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(0)
+    prompts_BP = rng.integers(2, 64, (4, 5)).astype(np.int32)
+    prompts_BP[0, :2] = _PAD  # Left padding.
+    completions_BT = rng.integers(2, 64, (4, 6)).astype(np.int32)
+    completions_BT[1, 3:] = _PAD  # Stopped early.
+    completions_BT[2, 5:] = _PAD
+    cls.prompts_BP, cls.completions_BT = prompts_BP, completions_BT
+    cls.mask_BT = (completions_BT != _PAD).astype(np.float32)
+    cls.advantages_B = np.array([1.0, -0.5, 0.8, -1.2], np.float32)
+    # The model's log-probs of the completions, by a plain forward.
+    tokens_BL = np.concatenate([prompts_BP, completions_BT], 1)
+    valid_BL = tokens_BL != _PAD
+    positions_BL = np.maximum(np.cumsum(valid_BL, 1) - 1, 0)
+    logits_BLV, _ = cls.model(jnp.asarray(tokens_BL),
+                              jnp.asarray(positions_BL),
+                              segment_ids=jnp.asarray(valid_BL, jnp.int32))
+    logprobs_BLV = _np_log_softmax(np.asarray(logits_BLV, np.float64))
+    length = completions_BT.shape[1]
+    cls.logps_BT = np.take_along_axis(
+        logprobs_BLV[:, -length - 1:-1], completions_BT[..., None], -1)[..., 0]
+    # An older policy's log-probs (as after an earlier iteration).
+    cls.old_BT = cls.logps_BT + rng.normal(0, 0.3, cls.logps_BT.shape)
+
+  def _loss(self, loss_algo, old_BT):
+    config = grpo_learner.GRPOConfig(loss_algo=loss_algo, num_generations=2,
+                                     num_iterations=2, beta=0.0,
+                                     epsilon=_EPSILON)
+    config.temperature = 1.0
+    example = grpo_learner.TrainExample(
+        prompt_ids=jnp.asarray(self.prompts_BP),
+        prompt_mask=jnp.asarray(self.prompts_BP != _PAD),
+        completion_ids=jnp.asarray(self.completions_BT),
+        completion_mask=jnp.asarray(self.mask_BT),
+        advantages=jnp.asarray(self.advantages_B),
+        ref_per_token_logps=None,
+        old_per_token_logps=(None if old_BT is None else
+                             jnp.asarray(old_BT, jnp.float32)))
+    loss, _ = algo_core.grpo_loss_fn(self.model, example, config,
+                                     pad_id=_PAD, eos_id=_EOS)
+    return float(loss)
+
+  @parameterized.parameters("grpo", "gspo-token")
+  def test_loss_equals_the_formula(self, loss_algo):
+    want = _np_loss(self.logps_BT, self.old_BT, self.mask_BT,
+                    self.advantages_B, loss_algo)
+    self.assertAlmostEqual(self._loss(loss_algo, self.old_BT), want,
+                           places=5)
+
+  def test_gspo_differs_from_grpo_only_off_policy(self):
+    # One iteration: the old policy is the current one; both ratios are 1.
+    self.assertAlmostEqual(self._loss("grpo", None),
+                           self._loss("gspo-token", None), places=6)
+    self.assertAlmostEqual(
+        self._loss("grpo", None),
+        -float(self.advantages_B.mean()), places=6)
+    grpo_loss = self._loss("grpo", self.old_BT)
+    gspo_loss = self._loss("gspo-token", self.old_BT)
+    self.assertGreater(abs(grpo_loss - gspo_loss), 1e-3)
+
+
+class RunTest(absltest.TestCase):
+
+  def test_toy_reward_rises(self):
+    config = grpo_config.get_config()
+    config.train.steps = 20
+    config.logging.tensorboard = False
+    config.export.merged = False
+    workdir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+    grpo.run(config, workdir)
+    metrics = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    reward = [metrics[step]["train/rewards/sum"] for step in range(20)]
+    first, last = np.mean(reward[:4]), np.mean(reward[-4:])
+    self.assertGreater(last, first + 0.2, reward)
+    self.assertIn("train/actor/kl", metrics[5])
+    self.assertGreater(metrics[5]["train/rollout/tokens_per_s"], 0)
+
+  def test_a_separate_rollout_mesh_trains_like_a_shared_one(self):
+    devices.require_devices(2)
+    metrics = {}
+    for split in (0, 1):
+      config = grpo_config.get_config()
+      config.train.steps = 2
+      config.logging.tensorboard = False
+      config.export.merged = False
+      config.rollout.devices = split
+      workdir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+      grpo.run(config, workdir)
+      metrics[split] = writers.read_jsonl(os.path.join(workdir,
+                                                       "metrics.jsonl"))
+    # The rollouts after an update are the same: the weights reached the
+    # rollout mesh.
+    for step in (0, 1):
+      self.assertEqual(metrics[0][step]["train/rewards/sum"],
+                       metrics[1][step]["train/rewards/sum"])
+      self.assertEqual(metrics[0][step]["train/completions/mean_length"],
+                       metrics[1][step]["train/completions/mean_length"])
+    self.assertAlmostEqual(metrics[0][1]["train/actor/loss"],
+                           metrics[1][1]["train/actor/loss"], places=5)
+
+  def test_config_errors_name_the_key(self):
+    for variant in grpo_config.VARIANTS:
+      config = grpo_config.get_config(variant)
+      config.train.load = "ckpt"
+      config.data.files = "data.jsonl"
+      RlRunConfig.from_config_dict(config)
+    cases = [("rl", "loss_algo", "gspo", "rl.loss_algo='gspo' is invalid"),
+             ("rl", "num_generations", 1, "rl.num_generations=1"),
+             ("rollout", "engine", "sglang", "rollout.engine='sglang'"),
+             ("train", "mini_batch_size", 3,
+              "train.mini_batch_size=3 must divide")]
+    for section, key, value, message in cases:
+      config = grpo_config.get_config()
+      config[section][key] = value
+      with self.assertRaisesRegex(ValueError, message):
+        RlRunConfig.from_config_dict(config)
+    config = grpo_config.get_config("smollm2")
+    with self.assertRaisesRegex(ValueError, "train.load is empty"):
+      config.data.files = "data.jsonl"
+      RlRunConfig.from_config_dict(config)
+
+
+if __name__ == "__main__":
+  absltest.main()
