@@ -1,0 +1,145 @@
+r"""Our trainer against Google's MaxText on the `tiny` shape, alternating.
+
+Runs, `--rounds` times and for each `--dtypes` entry, first our
+`perf_compare --shapes=tiny` and then MaxText's trainer on the same shape
+(a Llama decoder: emb 256, 4 query and 4 kv heads of 64, MLP 1024, 2 layers,
+vocab 32000, seq 256, batch 8 on one device, random tokens), each in its own
+process so that both see the same machine load, and prints both programs'
+median step time, tokens/s and compile seconds and the ratios ours over
+MaxText's of tokens/s (target >= 1.25) and compile seconds (target <= 0.5).
+
+MaxText (PyPI `maxtext`, Python >= 3.12) runs from its own virtualenv
+outside this repository, made on first use with `--python` and pip. Its
+compile seconds are the tracing, lowering and XLA compilation of its
+`train_step` as `jax_log_compiles` reports them, summed over its
+compilations (their number is printed too), with a fresh persistent
+compilation cache per run (its default, ~/jax_cache, would make a second
+run's compilation a cache hit). MaxText keeps its default
+remat policy ("full"); ours is the config's ("none").
+
+Run from the repository root with the dev virtualenv (not under Bazel: it
+starts both programs as subprocesses):
+
+  PYTHONPATH=. python tools/bench/maxtext_side_by_side.py --rounds=2
+"""
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from absl import app
+from absl import flags
+
+_VENV = flags.DEFINE_string("venv", "/tmp/maxtext_venv",
+                            "MaxText's virtualenv (made when missing).")
+_PYTHON = flags.DEFINE_string(
+    "python", "/root/.pyenv/versions/3.12.1/bin/python",
+    "Python >= 3.12 that makes the virtualenv.")
+_MAXTEXT_VERSION = flags.DEFINE_string("maxtext_version", "0.2.5",
+                                       "MaxText release to install.")
+_ROUNDS = flags.DEFINE_integer("rounds", 1, "Alternations.", lower_bound=1)
+_STEPS = flags.DEFINE_integer("steps", 5, "Timed steps per run.",
+                              lower_bound=2)
+_DTYPES = flags.DEFINE_list("dtypes", ["bfloat16", "float32"],
+                            "Activation dtypes.")
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+# MaxText's flags for the `tiny` shape (names from its configs/base.yml).
+_MAXTEXT_TINY = ("base_emb_dim=256", "base_num_query_heads=4",
+                 "base_num_kv_heads=4", "head_dim=64", "base_mlp_dim=1024",
+                 "base_num_decoder_layers=2", "vocab_size=32000",
+                 "max_target_length=256", "per_device_batch_size=8")
+_TOKENS_PER_STEP = 8 * 256
+_OURS = re.compile(r"compile ([\d.]+) s, step ([\d.]+) s")
+_MAXTEXT_STEP = re.compile(r"completed step: (\d+), seconds: ([\d.]+)")
+_MAXTEXT_COMPILE = re.compile(
+    r"Finished (?:tracing|jaxpr to MLIR module conversion|XLA compilation"
+    r" of) (?:jit\()?train_step\)? .*?in ([\d.e-]+) sec")
+_MAXTEXT_XLA = re.compile(r"Finished XLA compilation of jit\(train_step\)")
+
+
+def _ensure_venv() -> str:
+  python = os.path.join(_VENV.value, "bin", "python")
+  probe = [python, "-c", "import maxtext, jax"]
+  if os.path.exists(python) and subprocess.run(probe).returncode == 0:
+    return python
+  subprocess.run([_PYTHON.value, "-m", "venv", _VENV.value], check=True)
+  subprocess.run([python, "-m", "pip", "install", "-q",
+                  f"maxtext[tpu]=={_MAXTEXT_VERSION.value}"], check=True)
+  return python
+
+
+def _run(command: list[str], env: dict[str, str]) -> str:
+  result = subprocess.run(command, env={**os.environ, **env}, cwd=_REPO,
+                          capture_output=True, text=True)
+  output = result.stdout + result.stderr
+  if result.returncode:
+    raise RuntimeError(f"{command[:3]} failed ({result.returncode}):\n"
+                       f"{output[-3000:]}")
+  return output
+
+
+def run_ours(dtype: str) -> tuple[float, float, int]:
+  """(median step seconds, compile seconds, compilations) of our trainer."""
+  output = _run([sys.executable, "-m", "tools.bench.perf_compare",
+                 "--shapes=tiny", f"--dtypes={dtype}",
+                 f"--steps={_STEPS.value}"], {"PYTHONPATH": _REPO})
+  match = _OURS.search(output)
+  if match is None:
+    raise RuntimeError(f"No figures in perf_compare's output:\n{output}")
+  return float(match.group(2)), float(match.group(1)), 1
+
+
+def run_maxtext(python: str, dtype: str) -> tuple[float, float, int]:
+  """(median step seconds, compile seconds, compilations) of MaxText."""
+  steps = _STEPS.value + 2  # Steps 0 and 1 include compilation and warm-up.
+  with tempfile.TemporaryDirectory() as out:
+    output = _run([
+        python, "-m", "maxtext.trainers.pre_train.train",
+        os.path.join(os.path.dirname(python), "..", "lib", "python3.12",
+                     "site-packages", "maxtext", "configs", "base.yml"),
+        "run_name=side_by_side", f"base_output_directory={out}",
+        # A fresh persistent compilation cache: every run compiles cold.
+        f"jax_cache_dir={os.path.join(out, 'jax_cache')}",
+        "dataset_type=synthetic", "attention=dot_product",
+        "enable_checkpointing=false", "skip_jax_distributed_system=true",
+        "enable_tensorboard=false", f"steps={steps}", f"dtype={dtype}",
+        *_MAXTEXT_TINY,
+    ], {"DECOUPLE_GCLOUD": "TRUE", "JAX_LOG_COMPILES": "1",
+        "JAX_PLATFORMS": "cpu"})
+  step_seconds = {int(s): float(t) for s, t in _MAXTEXT_STEP.findall(output)}
+  timed = [t for s, t in step_seconds.items() if s >= 2]
+  if not timed:
+    raise RuntimeError(f"No step times in MaxText's output:\n"
+                       f"{output[-3000:]}")
+  compile_s = sum(float(t) for t in _MAXTEXT_COMPILE.findall(output))
+  return (statistics.median(timed), compile_s,
+          len(_MAXTEXT_XLA.findall(output)))
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  python = _ensure_venv()
+  print(f"load average before: {os.getloadavg()}")
+  for round_index in range(_ROUNDS.value):
+    for dtype in _DTYPES.value:
+      ours = run_ours(dtype)
+      theirs = run_maxtext(python, dtype)
+      for name, (step_s, compile_s, compiles) in (("ours", ours),
+                                                  ("maxtext", theirs)):
+        print(f"round {round_index + 1} {dtype} {name}: step {step_s:.4f} s,"
+              f" {_TOKENS_PER_STEP / step_s:.1f} tokens/s, compile"
+              f" {compile_s:.2f} s in {compiles} compilation(s)")
+      print(f"round {round_index + 1} {dtype} ratios: tokens/s"
+            f" {theirs[0] / ours[0]:.2f}x MaxText's, compile time"
+            f" {ours[1] / theirs[1]:.2f}x MaxText's; load average"
+            f" {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+  app.run(main)
