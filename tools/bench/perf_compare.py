@@ -19,7 +19,6 @@ machine run it alternately with whatever it is compared to:
 """
 
 import dataclasses
-import resource
 import statistics
 import time
 
@@ -32,6 +31,7 @@ from maxtext.trainers import config as config_lib
 from maxtext.trainers import hooks
 from maxtext.trainers import pretrain
 from tools.bench import matmul_peak
+from tools.bench import memory
 
 # The model and data fields each shape sets (`seq_len` goes to data).
 SHAPES = {
@@ -70,16 +70,6 @@ def experiment_config(shape: str, dtype: str,
   config.data.source = "synthetic"
   config.train.batch_size = 8 if shape == "tiny" else small_batch
   return config_lib.ExperimentConfig.from_config_dict(config)
-
-
-def peak_memory() -> str:
-  """Device 0's peak bytes where the backend counts them, else the host
-  process's peak RSS."""
-  stats = jax.local_devices()[0].memory_stats() or {}
-  if "peak_bytes_in_use" in stats:
-    return f"{stats['peak_bytes_in_use'] / 2**30:.2f} GiB (device 0)"
-  rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  return f"{rss_kib / 2**20:.2f} GiB (host peak RSS)"
 
 
 def measure(experiment: config_lib.ExperimentConfig, *, steps: int,
@@ -122,7 +112,7 @@ def main(argv: list[str]) -> None:
             " tokens/s/device,"
             f" {figures['perf/tflops_per_s_per_device']:.4f} TFLOP/s/device,"
             f" MFU {100 * figures['perf/mfu']:.1f}% of measured peak, peak"
-            f" memory {peak_memory()}")
+            f" memory {memory.peak_memory()}")
 
 if __name__ == "__main__":
   app.run(main)

@@ -19,7 +19,6 @@ CPU devices: run it alternately (other jobs share the cores) with
       --config.model.moe_impl=dropless   # then =capacity, and again.
 """
 
-import resource
 import sys
 import time
 
@@ -32,6 +31,7 @@ from maxtext.trainers import config_flag
 from maxtext.trainers import pretrain
 from maxtext.trainers import workdir as workdir_lib
 from maxtext.trainers.config import ExperimentConfig
+from tools.bench import memory
 
 _CONFIG = config_flag.define_config_file(
     "config", "Config file and optional variant, e.g. configs/gemma3.py.")
@@ -41,14 +41,6 @@ _WARMUP_STEPS = flags.DEFINE_integer(
     lower_bound=0)
 _SYNTHETIC = flags.DEFINE_bool(
     "synthetic", True, "Use random tokens instead of the config's data.")
-
-
-def _peak_memory() -> str:
-  stats = jax.local_devices()[0].memory_stats() or {}
-  if "peak_bytes_in_use" in stats:
-    return f"{stats['peak_bytes_in_use'] / 2**30:.2f} GiB (device 0)"
-  rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  return f"{rss_kib / 2**20:.2f} GiB (host peak RSS)"
 
 
 def main(argv: list[str]) -> None:
@@ -80,7 +72,7 @@ def main(argv: list[str]) -> None:
       ("tokens/s/device", f"{figures['perf/tokens_per_s_per_device']:.1f}"),
       ("TFLOP/s/device", f"{figures['perf/tflops_per_s_per_device']:.3f}"),
       ("MFU", "n/a (unknown peak)" if mfu is None else f"{100 * mfu:.1f}%"),
-      ("peak memory", _peak_memory()),
+      ("peak memory", memory.peak_memory()),
       ("last loss", f"{float(metrics['train/loss']):.4f}"),
   ]
   # Mixture of experts: the drops and balance behind the speed.
