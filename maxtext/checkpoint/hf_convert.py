@@ -39,6 +39,7 @@ import shutil
 from typing import Any
 
 from absl import logging
+from flax import nnx
 import jax
 
 from maxtext.checkpoint import params_checkpoint
@@ -177,6 +178,26 @@ def _training_tokenizer(checkpoint: str) -> dict[str, str]:
   return {}
 
 
+def write_hf_model(model: nnx.Module, out_dir: str, *,
+                   original: dict[str, Any] | None = None,
+                   max_shard_size: int | str = "5GB") -> list[str]:
+  """Writes `model` as Hugging Face safetensors and `config.json` (keeping
+  the keys of an `original` config, see `hf_config_dict`), no tokenizer
+  files; returns the safetensors files written.
+
+  The first pass reads every parameter before a file is written, so a model
+  of unreadable lazy parameters leaves no partial export.
+  """
+  files = safetensors_io.write_weights(
+      out_dir, lambda: hf_weights.iter_hf_weights(model),
+      max_shard_size=max_shard_size)
+  with open(os.path.join(out_dir, HF_CONFIG_FILENAME), "w",
+            encoding="utf-8") as f:
+    json.dump(hf_config_dict(model.cfg, original), f, indent=2)
+    f.write("\n")
+  return files
+
+
 def orbax_to_hf(checkpoint: str, out_dir: str, *,
                 max_shard_size: int | str = "5GB") -> list[str]:
   """Writes a Hugging Face checkpoint folder from one of ours.
@@ -197,26 +218,19 @@ def orbax_to_hf(checkpoint: str, out_dir: str, *,
     ConversionError: the checkpoint cannot be read (names the path).
   """
   checkpoint = os.path.abspath(checkpoint)
-  try:
-    cfg, params = params_checkpoint.load_params(checkpoint, lazy=True)
-    # Each parameter is read when the writer reaches it, and dropped after.
-    model = params_checkpoint.model_from_params(cfg, params)
-    # The first pass reads every parameter before a file is written, so an
-    # unreadable checkpoint leaves no partial export.
-    files = safetensors_io.write_weights(
-        out_dir, lambda: hf_weights.iter_hf_weights(model),
-        max_shard_size=max_shard_size)
-  except params_checkpoint.ParamsCheckpointError as e:
-    raise ConversionError(str(e)) from e
   original = None
   original_path = os.path.join(checkpoint, ORIGINAL_HF_CONFIG_FILENAME)
   if os.path.isfile(original_path):
     with open(original_path, encoding="utf-8") as f:
       original = json.load(f)
-  with open(os.path.join(out_dir, HF_CONFIG_FILENAME), "w",
-            encoding="utf-8") as f:
-    json.dump(hf_config_dict(cfg, original), f, indent=2)
-    f.write("\n")
+  try:
+    cfg, params = params_checkpoint.load_params(checkpoint, lazy=True)
+    # Each parameter is read when the writer reaches it, and dropped after.
+    model = params_checkpoint.model_from_params(cfg, params)
+    files = write_hf_model(model, out_dir, original=original,
+                           max_shard_size=max_shard_size)
+  except params_checkpoint.ParamsCheckpointError as e:
+    raise ConversionError(str(e)) from e
   copied = _copy_files(checkpoint, out_dir, EXTRA_FILES)
   if not os.path.exists(
       os.path.join(checkpoint, params_checkpoint.MODEL_CONFIG_FILENAME)):

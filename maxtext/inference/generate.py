@@ -104,11 +104,17 @@ def _generate(graphdef, state, tokens_BP, lengths_B, key, params, stop_ids,
   batch = tokens_BP.shape[0]
   _, logits_BV, cache = _prefill(model, tokens_BP, lengths_B,
                                  tokens_BP.shape[1] + max_new_tokens)
-  token_B = sampler.sample(logits_BV.at[:, suppress_ids].set(-jnp.inf),
-                           jax.random.fold_in(key, 0), params)
+
+  def next_token(logits_BV, step):
+    """(sampled token [B], its log-prob [B])."""
+    token_B = sampler.sample(logits_BV.at[:, suppress_ids].set(-jnp.inf),
+                             jax.random.fold_in(key, step), params)
+    return token_B, _token_logprobs(logits_BV, token_B, params)
+
+  token_B, logprob_B = next_token(logits_BV, 0)
   out_BT = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, 0].set(token_B)
   logprobs_BT = jnp.zeros((batch, max_new_tokens), jnp.float32).at[:, 0].set(
-      _token_logprobs(logits_BV, token_B, params))
+      logprob_B)
   done_B = jnp.isin(token_B, stop_ids)
   count_B = jnp.ones((batch,), jnp.int32)
 
@@ -122,11 +128,9 @@ def _generate(graphdef, state, tokens_BP, lengths_B, key, params, stop_ids,
     logits_B1V, cache = model(token_B[:, None], position_B[:, None],
                               cache=cache)
     logits_BV = logits_B1V[:, 0]
-    token_B = sampler.sample(logits_BV.at[:, suppress_ids].set(-jnp.inf),
-                             jax.random.fold_in(key, step), params)
+    token_B, logprob_B = next_token(logits_BV, step)
     token_B = jnp.where(done_B, 0, token_B)
-    logprob_B = jnp.where(done_B, 0.0,
-                          _token_logprobs(logits_BV, token_B, params))
+    logprob_B = jnp.where(done_B, 0.0, logprob_B)
     out_BT = out_BT.at[:, step].set(token_B)
     logprobs_BT = logprobs_BT.at[:, step].set(logprob_B)
     count_B = count_B + (~done_B).astype(jnp.int32)

@@ -17,11 +17,22 @@ def target_platform() -> str:
   """"cpu", "gpu" or "tpu": the platform of the mesh of the activation
   sharding in effect (`axes.activation_sharding`, so compiling ahead of time
   for TPU on a CPU host picks TPU kernels), else `jax.default_backend()`."""
-  constrainer = axes.current_constrainer()
-  mesh = getattr(constrainer, "mesh", None)
+  mesh = _mesh()
   if mesh is not None:
     return mesh.devices.flat[0].platform
   return jax.default_backend()
+
+
+def _mesh() -> jax.sharding.Mesh | None:
+  """The mesh of the activation sharding in effect, if any."""
+  return getattr(axes.current_constrainer(), "mesh", None)
+
+
+def single_device() -> bool:
+  """Whether the computation runs on one device (no activation mesh, or a
+  one-device mesh): a Pallas kernel then needs no partitioning."""
+  mesh = _mesh()
+  return mesh is None or mesh.size == 1
 
 
 def per_shard_attention(
@@ -43,10 +54,10 @@ def per_shard_attention(
     ValueError: the compute rules split a length or the head dim, or split
       the query heads and the key/value heads differently.
   """
-  constrainer = axes.current_constrainer()
-  mesh = getattr(constrainer, "mesh", None)
-  if mesh is None or mesh.size == 1:
+  if single_device():
     return fn(q_BLHK, k_BSGK, v_BSGK, segment_ids_BL, sinks_H)
+  constrainer = axes.current_constrainer()
+  mesh = constrainer.mesh
   q_spec = constrainer.compute_spec(
       (axes.BATCH, axes.LENGTH, axes.HEADS, axes.HEAD_DIM), q_BLHK.shape)
   kv_spec = constrainer.compute_spec(
@@ -68,12 +79,3 @@ def per_shard_attention(
                 None if sinks_H is None else P(q_spec[2])),
       out_specs=q_spec, check_vma=False)(q_BLHK, k_BSGK, v_BSGK,
                                          segment_ids_BL, sinks_H)
-
-
-
-def single_device() -> bool:
-  """Whether the computation runs on one device (no activation mesh, or a
-  one-device mesh): a Pallas kernel then needs no partitioning."""
-  constrainer = axes.current_constrainer()
-  mesh = getattr(constrainer, "mesh", None)
-  return mesh is None or mesh.size == 1

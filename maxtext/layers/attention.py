@@ -111,9 +111,7 @@ class Attention(nnx.Module):
                            segment_ids_BL=segment_ids_BL,
                            logit_softcap=self.logit_softcap, sinks_H=sinks_H)
     else:
-      if segment_ids_BL is not None or positions_BL is None:
-        raise ValueError("Decoding with a KV cache needs positions_BL and "
-                         "takes no segment_ids_BL.")
+      kv_cache_lib.check_decode_args(segment_ids_BL, positions_BL)
       cache = cache.write(k_BLGK, v_BLGK, positions_BL[:, 0])
       mask_BLS = attention_kernels.positions_mask(positions_BL, cache.length,
                                                   window)

@@ -48,3 +48,10 @@ class KVCache:
     write = jax.vmap(write_row)
     return KVCache(write(self.key_BSGK, k_BLGK, start_B),
                    write(self.value_BSGK, v_BLGK, start_B))
+
+
+def check_decode_args(segment_ids_BL, positions_BL) -> None:
+  """Decoding with a KV cache takes positions and no segment ids."""
+  if segment_ids_BL is not None or positions_BL is None:
+    raise ValueError("Decoding with a KV cache needs positions_BL and "
+                     "takes no segment_ids_BL.")

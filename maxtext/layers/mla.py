@@ -176,9 +176,7 @@ class MLA(nnx.Module):
                            scale=self.scale, segment_ids_BL=segment_ids_BL,
                            logit_softcap=self.logit_softcap)
     else:
-      if segment_ids_BL is not None or positions_BL is None:
-        raise ValueError("Decoding with a KV cache needs positions_BL and "
-                         "takes no segment_ids_BL.")
+      kv_cache_lib.check_decode_args(segment_ids_BL, positions_BL)
       cache = cache.write(latent_BLC[:, :, None], k_rope_BL1K,
                           positions_BL[:, 0])
       k_BSHX, v_BSHV = self._keys_values(cache.key_BSGK[:, :, 0],

@@ -143,10 +143,14 @@ def expert_counts(experts_TK: jax.Array, num_experts: int) -> jax.Array:
       jnp.int32)
 
 
-def load_balance_loss(routing: Routing, num_experts: int) -> jax.Array:
-  """`E * sum_e (count_e / T) * mean_t probs[t, e]` (float32)."""
+def load_balance_loss(routing: Routing, num_experts: int,
+                      counts_E: jax.Array | None = None) -> jax.Array:
+  """`E * sum_e (count_e / T) * mean_t probs[t, e]` (float32); `counts_E`:
+  `expert_counts` of the routing when the caller has them."""
   tokens = routing.probs_TE.shape[0]
-  fraction_E = expert_counts(routing.experts_TK, num_experts) / tokens
+  if counts_E is None:
+    counts_E = expert_counts(routing.experts_TK, num_experts)
+  fraction_E = counts_E / tokens
   return num_experts * jnp.sum(fraction_E * routing.probs_TE.mean(0))
 
 
@@ -468,7 +472,8 @@ class MoE(nnx.Module):
     y_BLD = y_TD.reshape(batch, length, dim)
     if self.shared is not None:
       y_BLD = y_BLD + self.shared(x_BLD)
-    balance = load_balance_loss(routing, cfg.num_experts)
+    load_E = expert_counts(routing.experts_TK, cfg.num_experts)
+    balance = load_balance_loss(routing, cfg.num_experts, load_E)
     z_loss = router_z_loss(logits_TE)
     aux = {
         "loss": (cfg.load_balance_loss_weight * balance
@@ -476,7 +481,6 @@ class MoE(nnx.Module):
         "load_balance_loss": balance,
         "router_z_loss": z_loss,
         "dropped_fraction": dropped / routing.experts_TK.size,
-        "expert_load": expert_counts(routing.experts_TK,
-                                     cfg.num_experts).astype(jnp.float32),
+        "expert_load": load_E.astype(jnp.float32),
     }
     return y_BLD.astype(x_BLD.dtype), aux

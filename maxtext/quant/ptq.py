@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import qwix
 
+from maxtext.quant import qat
+
 # Weight dtypes a decode model can be quantized to.
 QTYPES = ("int8",)
 
@@ -69,12 +71,8 @@ def quantize_for_decode(model: nnx.Module, config: PtqConfig) -> nnx.Module:
   provider = qwix.PtqProvider([qwix.QuantizationRule(
       module_path=config.module_path, weight_qtype=config.qtype)])
   # qwix replaces the kernels on this first call; any tokens will do.
-  quantized = qwix.quantize_model(model, provider,
-                                  jnp.zeros((1, 1), jnp.int32))
-  if provider.get_unused_rules():
-    raise ValueError(f"PTQ module_path={config.module_path!r} matches no"
-                     " matmul of the model.")
-  return quantized
+  return qat.quantize_with(model, provider, jnp.zeros((1, 1), jnp.int32),
+                           f"PTQ module_path={config.module_path!r}")
 
 
 def param_bytes(model: nnx.Module) -> int:

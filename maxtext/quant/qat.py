@@ -75,8 +75,15 @@ def quantize_for_training(model: nnx.Module, config: QatConfig,
   qtype = QTYPES[config.qtype]
   provider = qwix.QtProvider([qwix.QtRule(
       module_path=config.module_path, weight_qtype=qtype, act_qtype=qtype)])
-  quantized = qwix.quantize_model(model, provider, sample_tokens_BL)
+  return quantize_with(model, provider, sample_tokens_BL,
+                       f"qat.module_path={config.module_path!r}")
+
+
+def quantize_with(model: nnx.Module, provider, tokens_BL: jax.Array,
+                  rule: str) -> nnx.Module:
+  """`qwix.quantize_model` through `provider`; ValueError naming `rule`
+  when it matches no matmul of the model."""
+  quantized = qwix.quantize_model(model, provider, tokens_BL)
   if provider.get_unused_rules():
-    raise ValueError(f"qat.module_path={config.module_path!r} matches"
-                     " no matmul of the model.")
+    raise ValueError(f"{rule} matches no matmul of the model.")
   return quantized

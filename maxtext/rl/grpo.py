@@ -217,9 +217,10 @@ def _metric_fns(reward_fns, cluster: rl_cluster_lib.RLCluster):
   """Per-reward standard deviations and the rollout's tokens/s."""
 
   def metrics(prompts, completions, rewards, advantages, **columns):
-    del advantages
-    out = {f"rewards/{fn.__name__}_std": (
-        float(np.std(fn(prompts, completions, **columns))), np.mean)
+    del prompts, completions, advantages, columns
+    # Tunix has just called each reward function on this batch.
+    out = {f"rewards/{fn.__name__}_std": (float(np.std(fn.last_values)),
+                                          np.mean)
            for fn in reward_fns}
     out["rewards/std"] = (float(np.std(rewards)), np.mean)
     speed = getattr(cluster.rollout, "last_tokens_per_s", None)

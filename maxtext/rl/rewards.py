@@ -97,11 +97,14 @@ def reward_function(name: str) -> RewardFn:
 
 def _weighted(fn: RewardFn, weight: float, name: str,
               **settings) -> RewardFn:
-  """`weight * fn(...)`, named `name` (Tunix logs rewards/<name>)."""
+  """`weight * fn(...)`, named `name` (Tunix logs rewards/<name>); the
+  values of its latest call stay in `reward.last_values` (for metrics,
+  without computing the reward again)."""
 
   def reward(prompts, completions, **kwargs):
     values = fn(prompts, completions, **settings, **kwargs)
-    return [weight * float(v) for v in values]
+    reward.last_values = [weight * float(v) for v in values]
+    return reward.last_values
 
   reward.__name__ = name
   return reward

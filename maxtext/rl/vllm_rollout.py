@@ -7,9 +7,8 @@
 `ClusterConfig.rollout_engine`).
 
 Weights. At start the policy is written as a Hugging Face folder
-(`config.json` from the family's `hf_config_from_model_config`, safetensors
-from `hf_weights.iter_hf_weights`, the same pieces as
-`hf_convert.orbax_to_hf`) under `workdir`, and vLLM loads that folder. After
+(`hf_convert.write_hf_model`, as `convert_ckpt --to_hf` writes it) under
+`workdir`, and vLLM loads that folder. After
 every policy update `update_params` copies the new parameters into vLLM in
 memory, through the worker's `reload_weights` (`LLM.collective_rpc`, which
 also works when vLLM runs its workers in other processes), and clears the
@@ -33,7 +32,6 @@ Shape key: B batch, P prompt length, C completion length.
 """
 
 import functools
-import json
 import os
 import tempfile
 from typing import Any
@@ -51,21 +49,8 @@ from tunix.rl.rollout import base_rollout
 import vllm
 
 from maxtext.checkpoint import hf_convert
-from maxtext.checkpoint import safetensors_io
 from maxtext.models import hf_weights
 from maxtext.posttrain import lora as lora_lib
-
-
-def write_hf_folder(model: nnx.Module, out_dir: str) -> list[str]:
-  """Writes `model` as a Hugging Face folder (config.json + safetensors)
-  without tokenizer files; returns the safetensors files written."""
-  files = safetensors_io.write_weights(
-      out_dir, lambda: hf_weights.iter_hf_weights(model))
-  with open(os.path.join(out_dir, hf_convert.HF_CONFIG_FILENAME), "w",
-            encoding="utf-8") as f:
-    json.dump(hf_convert.hf_config_dict(model.cfg), f, indent=2)
-    f.write("\n")
-  return files
 
 
 def _to_torch(array: np.ndarray) -> torch.Tensor:
@@ -144,7 +129,7 @@ class VllmRollout(base_rollout.BaseRollout):
       hf_dir = self._tempdir.name
     else:
       hf_dir = os.path.join(workdir, "vllm_hf")
-    write_hf_folder(rollout_actor.model, hf_dir)
+    hf_convert.write_hf_model(rollout_actor.model, hf_dir)
     if max_model_len is None:
       max_model_len = (rollout_config.max_prompt_length +
                        rollout_config.max_tokens_to_generate)

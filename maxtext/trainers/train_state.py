@@ -79,7 +79,8 @@ class TrainState:
     return self.replace(**tree)
 
 
-def _split(model: nnx.Module):
+def split_model(model: nnx.Module):
+  """(graphdef, params, model_state) of `model`, the states as pure dicts."""
   graphdef, params, model_state = nnx.split(model, nnx.Param, ...)
   return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(model_state)
 
@@ -211,7 +212,7 @@ def create_train_state(model_config: ModelConfig, *, seed: int,
 
   def init() -> dict[str, Any]:
     model = registry.create_model(model_config, rngs=nnx.Rngs(seed))
-    _, params, model_state = _split(model)
+    _, params, model_state = split_model(model)
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": tx.init(params), "model_state": model_state}
 

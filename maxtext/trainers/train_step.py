@@ -36,6 +36,7 @@ from maxtext.common import axes
 from maxtext.layers import moe
 from maxtext.models import mtp
 from maxtext.optim import update_guard
+from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers.train_state import TrainState
 
 
@@ -103,7 +104,7 @@ def train_step(state: TrainState,
     metrics["moe/load_imbalance"] = moe.load_imbalance(expert_load_NE)
     model = state.model()
     model.update_router_bias(expert_load_NE)
-    model_state = nnx.to_pure_dict(nnx.split(model, nnx.Param, ...)[2])
+    model_state = train_state_lib.split_model(model)[2]
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state, model_state=model_state)
   return new_state, metrics
