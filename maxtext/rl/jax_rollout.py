@@ -27,11 +27,11 @@ from typing import Any
 from flax import nnx
 import jax
 import numpy as np
-from tunix.rl import common
 from tunix.rl.rollout import base_rollout
 
 from maxtext.inference import generate as generate_lib
 from maxtext.inference import sampler
+from maxtext.rl import rollout_base
 
 
 def _shardings_on(mesh: jax.sharding.Mesh, tree: Any) -> Any:
@@ -48,7 +48,7 @@ def _mesh_of(tree: Any) -> jax.sharding.Mesh | None:
   return None
 
 
-class JaxRollout(base_rollout.BaseRollout):
+class JaxRollout(rollout_base.PolicyRollout):
   """Rollouts with `maxtext.inference.generate` (see the module docstring).
 
   Attributes:
@@ -83,10 +83,10 @@ class JaxRollout(base_rollout.BaseRollout):
     self.last_tokens_per_s = 0.0
     state = nnx.state(rollout_actor)
     if mesh is None or mesh.empty or _mesh_of(state) in (None, mesh):
-      self._model = rollout_actor
+      self._policy = rollout_actor
     else:
       graphdef, state = nnx.split(rollout_actor)
-      self._model = nnx.merge(
+      self._policy = nnx.merge(
           graphdef, jax.device_put(state, _shardings_on(mesh, state)))
 
   def generate(self, prompts: list[str],
@@ -96,10 +96,7 @@ class JaxRollout(base_rollout.BaseRollout):
     del kwargs
     config = rollout_config
     max_prompt = config.max_prompt_length
-    prompt_ids = [self._tokenizer.encode(p)[-max_prompt:] for p in prompts]
-    if any(not ids for ids in prompt_ids):
-      raise ValueError("A prompt encodes to no tokens; every prompt needs"
-                       " at least one.")
+    prompt_ids = self._encode_prompts(prompts, max_prompt)
     params = sampler.SamplingParams(
         temperature=config.temperature,
         top_k=config.top_k if config.top_k and config.top_k > 0 else 0,
@@ -114,53 +111,23 @@ class JaxRollout(base_rollout.BaseRollout):
       seed = int(np.asarray(config.seed).ravel()[0])
     start = time.perf_counter()
     tokens, logprobs = generate_lib.generate_with_logprobs(
-        self._model.decoder, prompt_ids,
+        self._policy.decoder, prompt_ids,
         max_new_tokens=config.max_tokens_to_generate, params=params,
         stop_ids=stop_ids, suppress_ids=suppress_ids, seed=seed,
         pad_to=self._pad_to)
     elapsed = time.perf_counter() - start
     self.last_tokens_per_s = sum(map(len, tokens)) / max(elapsed, 1e-9)
-    prompts_BP = np.full((len(prompts), max_prompt), self.pad_id(), np.int32)
-    for row, ids in enumerate(prompt_ids):
-      prompts_BP[row, max_prompt - len(ids):] = ids
-    texts = [self._tokenizer.decode(t[:-1] if t and t[-1] in stop_ids else t)
-             for t in tokens]
     return base_rollout.RolloutOutput(
-        text=texts, logits=None,
+        text=[self._text(t, stop_ids) for t in tokens], logits=None,
         tokens=[np.asarray(t, np.int32) for t in tokens],
-        left_padded_prompt_tokens=prompts_BP, logprobs=logprobs)
-
-  def get_per_token_logps(self, prompt_tokens: jax.Array,
-                          completion_tokens: jax.Array) -> jax.Array:
-    """Log-probs [B, T] of `completion_tokens` after the left-padded
-    `prompt_tokens` [B, P] under the rollout weights, at the sampling
-    temperature."""
-    graphdef, state = nnx.split(self._model)
-    if self.mesh is not None and not self.mesh.empty:
-      prompt_tokens, completion_tokens = jax.device_put(
-          (prompt_tokens, completion_tokens), jax.sharding.NamedSharding(
-              self.mesh, jax.sharding.PartitionSpec()))
-    temperature = self._config.temperature
-    return common.compute_per_token_logps(
-        graphdef, state, prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens, pad_id=self.pad_id(),
-        eos_id=self.eos_id(), stop_gradient=True,
-        temperature=float(temperature) if temperature > 0 else 1.0)
+        left_padded_prompt_tokens=self._left_padded(prompt_ids, max_prompt),
+        logprobs=logprobs)
 
   def update_params(self, params: Any, filter_types: Any = None) -> None:
     """Takes the policy's new weights `params` (a state of its variables,
     of `filter_types`), resharded onto the rollout mesh if it differs."""
     del filter_types
-    target = _mesh_of(nnx.state(self._model))
+    target = _mesh_of(nnx.state(self._policy))
     if target is not None and _mesh_of(params) not in (None, target):
       params = jax.device_put(params, _shardings_on(target, params))
-    nnx.update(self._model, params)
-
-  def pad_id(self) -> int:
-    return self._tokenizer.pad_id()
-
-  def eos_id(self) -> int:
-    return self._tokenizer.eos_id()
-
-  def model(self) -> nnx.Module:
-    return self._model
+    nnx.update(self._policy, params)

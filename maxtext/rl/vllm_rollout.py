@@ -44,13 +44,13 @@ import jaxtyping
 import numpy as np
 import torch
 from tunix.generate import utils as tunix_utils
-from tunix.rl import common
 from tunix.rl.rollout import base_rollout
 import vllm
 
 from maxtext.checkpoint import hf_convert
 from maxtext.models import hf_weights
 from maxtext.posttrain import lora as lora_lib
+from maxtext.rl import rollout_base
 
 
 def _to_torch(array: np.ndarray) -> torch.Tensor:
@@ -82,7 +82,7 @@ def _reload_weights(worker: Any, *, weights: list[tuple[str, torch.Tensor]],
     head.quant_method.process_weights_after_loading(head)
 
 
-class VllmRollout(base_rollout.BaseRollout):
+class VllmRollout(rollout_base.PolicyRollout):
   """Rollouts of our model from a vLLM engine (see the module docstring)."""
 
   def __init__(self, rollout_actor: nnx.Module, tokenizer: Any,
@@ -116,7 +116,7 @@ class VllmRollout(base_rollout.BaseRollout):
     # rollout does not share the trainer's weights and calls `update_params`
     # after every update; `get_per_token_logps` scores with it.
     graphdef, state = nnx.split(rollout_actor)
-    self._actor = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
+    self._policy = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
     if lora_lib.is_lora(rollout_actor.model):
       raise ValueError(
           "rollout.engine=vllm does not support LoRA policies (the adapters "
@@ -213,10 +213,7 @@ class VllmRollout(base_rollout.BaseRollout):
         completion would not fit max_model_len.
     """
     max_prompt = rollout_config.max_prompt_length
-    prompt_ids = [self._tokenizer.encode(p)[-max_prompt:] for p in prompts]
-    if any(not ids for ids in prompt_ids):
-      raise ValueError("A prompt encodes to no tokens; every prompt needs"
-                       " at least one.")
+    prompt_ids = self._encode_prompts(prompts, max_prompt)
     longest = max(len(ids) for ids in prompt_ids)
     if longest + rollout_config.max_tokens_to_generate > self._max_model_len:
       raise ValueError(
@@ -233,33 +230,13 @@ class VllmRollout(base_rollout.BaseRollout):
     for output in outputs:
       ids = list(output.outputs[0].token_ids)
       tokens.append(np.array(ids, np.int32))
-      texts.append(self._tokenizer.decode(
-          ids[:-1] if ids and ids[-1] in stop_ids else ids))
+      texts.append(self._text(ids, stop_ids))
       logprobs.append(np.array(tunix_utils.get_logprobs_from_vllm_output(
           ids, output.outputs[0].logprobs), np.float32))
-    padded_BP = np.full((len(prompts), max_prompt), self.pad_id(), np.int32)
-    for row, ids in enumerate(prompt_ids):
-      padded_BP[row, max_prompt - len(ids):] = ids
     return base_rollout.RolloutOutput(
         text=texts, logits=None, tokens=tokens,
-        left_padded_prompt_tokens=padded_BP, logprobs=logprobs)
-
-  def get_per_token_logps(self, prompt_tokens: jax.Array,
-                          completion_tokens: jax.Array) -> jax.Array:
-    """Log-probs [B, C] of `completion_tokens` after the left-padded
-    `prompt_tokens` [B, P] under the rollout weights, at the sampling
-    temperature (as the learner scores them).
-
-    Computed by the rollout's copy of the policy, which holds the weights
-    vLLM was last given: vLLM's prompt log-probs ignore the temperature.
-    """
-    graphdef, state = nnx.split(self._actor)
-    temperature = self._config.temperature
-    return common.compute_per_token_logps(
-        graphdef, state, prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens, pad_id=self.pad_id(),
-        eos_id=self.eos_id(), stop_gradient=True,
-        temperature=float(temperature) if temperature > 0 else 1.0)
+        left_padded_prompt_tokens=self._left_padded(prompt_ids, max_prompt),
+        logprobs=logprobs)
 
   def update_params(self, params: jaxtyping.PyTree,
                     filter_types: tuple[Any, ...] | None = None) -> None:
@@ -271,20 +248,11 @@ class VllmRollout(base_rollout.BaseRollout):
       filter_types: Unused: `params` names what it holds.
     """
     del filter_types  # `nnx.update` takes whatever `params` holds.
-    nnx.update(self._actor, params)
+    nnx.update(self._policy, params)
     # The weights travel inside the function: vLLM pickles a function for
     # workers in other processes, but would decode tensors given as
     # arguments as plain lists.
     self.llm.collective_rpc(functools.partial(
-        _reload_weights, weights=hf_tensors(self._actor.model),
-        tied_head=self._actor.model.cfg.tie_embeddings))
+        _reload_weights, weights=hf_tensors(self._policy.model),
+        tied_head=self._policy.model.cfg.tie_embeddings))
     self.llm.reset_prefix_cache()
-
-  def pad_id(self) -> int:
-    return self._tokenizer.pad_id()
-
-  def eos_id(self) -> int:
-    return self._tokenizer.eos_id()
-
-  def model(self) -> nnx.Module:
-    return self._actor
