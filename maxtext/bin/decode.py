@@ -9,7 +9,9 @@ the checkpoint, else the bundled Mistral tokenizer. --prompt_ids with
 comparing with other systems. --quantize=int8 stores the attention, MLP and
 output-head kernels as int8 with a scale per output channel (weight-only
 post-training quantization, `maxtext.quant.ptq`): about 4x less memory for
-those weights.
+those weights. --kv_cache=paged keeps the KV cache in pages of --page_size
+tokens allocated as the rows grow (--num_pages caps the pool), read by
+--paged_attention_impl at each step; same tokens as the dense cache.
 
 Example:
 
@@ -30,6 +32,7 @@ from maxtext.data import assets
 from maxtext.data import tokenizer as tokenizer_lib
 from maxtext.inference import generate
 from maxtext.inference import sampler
+from maxtext.kernels import paged_attention
 from maxtext.posttrain import base_model
 from maxtext.quant import ptq
 from maxtext.trainers import workdir as workdir_lib
@@ -51,6 +54,17 @@ _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _QUANTIZE = flags.DEFINE_string(
     "quantize", "", "int8: weight-only int8 kernels (per-channel scales);"
     " empty: the checkpoint's precision.")
+_KV_CACHE = flags.DEFINE_enum(
+    "kv_cache", "dense", list(generate.KV_CACHES),
+    "dense: [batch, length] slots per layer; paged: a pool of pages.")
+_PAGE_SIZE = flags.DEFINE_integer("page_size", 16,
+                                  "Tokens per page (--kv_cache=paged).")
+_NUM_PAGES = flags.DEFINE_integer(
+    "num_pages", None, "Pages in the pool (--kv_cache=paged); default: "
+    "enough for every prompt to reach its full length.")
+_PAGED_ATTENTION_IMPL = flags.DEFINE_enum(
+    "paged_attention_impl", "auto", list(paged_attention.IMPLS),
+    "Decode attention over the pages (--kv_cache=paged).")
 
 
 def _tokenizer_path(checkpoint: str) -> str:
@@ -103,7 +117,10 @@ def main(argv: list[str]) -> None:
       model, prompts, max_new_tokens=_MAX_NEW_TOKENS.value, seed=_SEED.value,
       eos_id=tokenizer.eos_id if tokenizer else None,
       params=sampler.SamplingParams(_TEMPERATURE.value, _TOP_K.value,
-                                    _TOP_P.value))
+                                    _TOP_P.value),
+      kv_cache=_KV_CACHE.value, page_size=_PAGE_SIZE.value,
+      num_pages=_NUM_PAGES.value,
+      paged_attention_impl=_PAGED_ATTENTION_IMPL.value)
   for prompt, output in zip(prompts, outputs):
     if tokenizer:
       print(f"{tokenizer.decode(prompt)!r} -> {tokenizer.decode(output)!r}")

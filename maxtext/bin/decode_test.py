@@ -1,6 +1,7 @@
 """Tests the decode binary end to end on a converted tiny Llama checkpoint:
-dumped prefill logits and greedy generations equal transformers'; with
---quantize=int8 the logits stay near them."""
+dumped prefill logits and greedy generations equal transformers' (with the
+dense and the paged KV cache); with --quantize=int8 the logits stay near
+them."""
 
 import contextlib
 import io
@@ -73,6 +74,13 @@ class DecodeBinaryTest(absltest.TestCase):
                        hf_tiny_models.hf_greedy(self.hf_model, ids, 8))
       prompt = " ".join(f"w{i}" for i in ids)
       self.assertEqual(line, f"{prompt!r} -> {words!r}")
+
+  def test_paged_kv_cache_generates_transformers_greedy(self):
+    printed = self._run(prompt_ids=[str(i) for i in _IDS], kv_cache="paged",
+                        page_size=4, num_pages=4)
+    greedy = hf_tiny_models.hf_greedy(self.hf_model, _IDS, 8)
+    self.assertEqual(printed.strip(), ",".join(map(str, _IDS)) + " -> " +
+                     ",".join(map(str, greedy)))
 
   def test_quantize_int8_stays_near_full_precision(self):
     printed = self._run(prompt_ids=[str(i) for i in _IDS],

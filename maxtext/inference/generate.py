@@ -21,12 +21,24 @@ each layer's slice of the stacked weights out on every decode step
 sort the vocabulary; about 5 s more compilation).
 
 One compilation per (batch, padded prompt length, max_new_tokens, numbers of
-stop and suppressed tokens); the sampling settings and the seed are traced.
+stop and suppressed tokens, paging settings); the sampling settings and the
+seed are traced.
 `pad_to` rounds the prompt length up to a multiple (a bucket), so batches of
 varying prompt lengths share compilations (RL rollouts).
 
+The KV cache is dense (`kv_cache="dense"`: [B, S] slots per layer) or paged
+(`kv_cache="paged"`: `maxtext.layers.kv_cache.PagedKVCache`, a pool of
+`num_pages` pages of `page_size` tokens per layer). Paged, a row holds the
+pages of the positions it reached (`maxtext.inference.page_pool`: its
+prompt's pages at prefill, one more page whenever it crosses into the next)
+and gives them back when it stops, so a pool smaller than B * S / page_size
+serves batches whose rows stop early or have short prompts; a pool that
+runs out is an error naming `num_pages`. Decode steps read the pages with
+`maxtext.kernels.paged_attention` (`paged_attention_impl`). Both caches
+generate the same tokens (log-probs within float rounding).
+
 Shape key: B batch, P longest prompt, T max new tokens, S = P + T cache
-length, V vocab.
+length, V vocab, N pages per row.
 """
 
 import dataclasses
@@ -37,7 +49,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext.inference import page_pool
 from maxtext.inference import sampler
+from maxtext.kernels import paged_attention
+from maxtext.layers import kv_cache as kv_cache_lib
+
+KV_CACHES = ("dense", "paged")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Paging:
+  """How a paged cache is laid out (a static argument of `_generate`)."""
+
+  page_size: int
+  num_pages: int | None  # None: enough for every row to reach S.
+  impl: str
 
 
 def _pad(prompts: list[list[int]],
@@ -75,11 +101,26 @@ def _unscanned(model):
   return model
 
 
-def _prefill(model, tokens_BP, lengths_B, cache_length):
+def _paged_cache(model, lengths_B, cache_length, paging):
+  """(An empty `PagedKVCache` per layer, a pool with each row's prompt pages
+  allocated)."""
+  batch = lengths_B.shape[0]
+  pages_per_row = -(-cache_length // paging.page_size)
+  pool = page_pool.PagePool.create(
+      batch, pages_per_row, paging.num_pages or batch * pages_per_row)
+  pool = pool.allocate(jnp.arange(pages_per_row) * paging.page_size <
+                       lengths_B[:, None])
+  layers = jax.eval_shape(lambda: model.init_cache(batch, 1))
+  cache = kv_cache_lib.paged_like(
+      layers, num_pages=pool.free_P.shape[0] + 1, page_size=paging.page_size,
+      page_table_BN=pool.page_table_BN, impl=paging.impl)
+  return cache, pool
+
+
+def _prefill(model, tokens_BP, lengths_B, cache):
   """(logits [B, V] at each row's last prompt token, cache)."""
-  batch, prompt_length = tokens_BP.shape
-  positions_BP = jnp.broadcast_to(jnp.arange(prompt_length), tokens_BP.shape)
-  cache = model.init_cache(batch, cache_length)
+  positions_BP = jnp.broadcast_to(jnp.arange(tokens_BP.shape[1]),
+                                  tokens_BP.shape)
   logits_BPV, cache = model(tokens_BP, positions_BP, cache=cache)
   last_BV = jnp.take_along_axis(logits_BPV, (lengths_B - 1)[:, None, None],
                                 axis=1)[:, 0]
@@ -95,15 +136,21 @@ def _token_logprobs(logits_BV, token_B, params):
   return jnp.take_along_axis(logprobs_BV, token_B[:, None], axis=-1)[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens"))
+@functools.partial(jax.jit,
+                   static_argnames=("graphdef", "max_new_tokens", "paging"))
 def _generate(graphdef, state, tokens_BP, lengths_B, key, params, stop_ids,
-              suppress_ids, *, max_new_tokens):
+              suppress_ids, *, max_new_tokens, paging):
   """Generated tokens [B, T] (0 after a row stopped), their log-probs
-  [B, T] (0 after a row stopped) and their counts [B]."""
+  [B, T] (0 after a row stopped), their counts [B] and whether the page
+  pool ran out (False with a dense cache, `paging` None)."""
   model = _unscanned(nnx.merge(graphdef, state))
   batch = tokens_BP.shape[0]
-  _, logits_BV, cache = _prefill(model, tokens_BP, lengths_B,
-                                 tokens_BP.shape[1] + max_new_tokens)
+  cache_length = tokens_BP.shape[1] + max_new_tokens
+  if paging is None:
+    cache, pool = model.init_cache(batch, cache_length), None
+  else:
+    cache, pool = _paged_cache(model, lengths_B, cache_length, paging)
+  _, logits_BV, cache = _prefill(model, tokens_BP, lengths_B, cache)
 
   def next_token(logits_BV, step):
     """(sampled token [B], its log-prob [B])."""
@@ -117,14 +164,19 @@ def _generate(graphdef, state, tokens_BP, lengths_B, key, params, stop_ids,
       logprob_B)
   done_B = jnp.isin(token_B, stop_ids)
   count_B = jnp.ones((batch,), jnp.int32)
+  if pool is not None:
+    pool = pool.release(done_B)
 
   def cond(carry):
-    step, _, _, _, done_B, *_ = carry
+    step, _, _, _, _, done_B, *_ = carry
     return (step < max_new_tokens) & ~jnp.all(done_B)
 
   def body(carry):
-    step, cache, token_B, position_B, done_B, out_BT, logprobs_BT, count_B = (
-        carry)
+    (step, cache, pool, token_B, position_B, done_B, out_BT, logprobs_BT,
+     count_B) = carry
+    if pool is not None:
+      pool = pool.allocate_positions(position_B, paging.page_size, ~done_B)
+      cache = kv_cache_lib.with_page_table(cache, pool.page_table_BN)
     logits_B1V, cache = model(token_B[:, None], position_B[:, None],
                               cache=cache)
     logits_BV = logits_B1V[:, 0]
@@ -134,14 +186,39 @@ def _generate(graphdef, state, tokens_BP, lengths_B, key, params, stop_ids,
     out_BT = out_BT.at[:, step].set(token_B)
     logprobs_BT = logprobs_BT.at[:, step].set(logprob_B)
     count_B = count_B + (~done_B).astype(jnp.int32)
-    done_B = done_B | jnp.isin(token_B, stop_ids)
-    return (step + 1, cache, token_B, position_B + 1, done_B, out_BT,
-            logprobs_BT, count_B)
+    stopped_B = ~done_B & jnp.isin(token_B, stop_ids)
+    if pool is not None:
+      pool = pool.release(stopped_B)
+    return (step + 1, cache, pool, token_B, position_B + 1,
+            done_B | stopped_B, out_BT, logprobs_BT, count_B)
 
-  carry = (jnp.int32(1), cache, token_B, lengths_B, done_B, out_BT,
+  carry = (jnp.int32(1), cache, pool, token_B, lengths_B, done_B, out_BT,
            logprobs_BT, count_B)
-  *_, out_BT, logprobs_BT, count_B = jax.lax.while_loop(cond, body, carry)
-  return out_BT, logprobs_BT, count_B
+  _, _, pool, *_, out_BT, logprobs_BT, count_B = jax.lax.while_loop(
+      cond, body, carry)
+  return (out_BT, logprobs_BT, count_B,
+          jnp.bool_(False) if pool is None else pool.overflow)
+
+
+def _paging(model, kv_cache, page_size, num_pages, impl) -> _Paging | None:
+  """The static paging settings (None for a dense cache), checked."""
+  if kv_cache not in KV_CACHES:
+    raise ValueError(f"kv_cache={kv_cache!r} is invalid; valid: "
+                     f"{list(KV_CACHES)}.")
+  if kv_cache == "dense":
+    return None
+  if model.cfg.attention_type == "mla":
+    raise ValueError("kv_cache='paged' does not serve multi-head latent "
+                     "attention (attention_type='mla', its cache holds "
+                     "latents); use kv_cache='dense'.")
+  if page_size < 1:
+    raise ValueError(f"page_size={page_size} must be >= 1.")
+  if num_pages is not None and num_pages < 1:
+    raise ValueError(f"num_pages={num_pages} must be >= 1 (or None).")
+  if impl not in paged_attention.IMPLS:
+    raise ValueError(f"paged_attention_impl={impl!r} is invalid; valid: "
+                     f"{list(paged_attention.IMPLS)}.")
+  return _Paging(page_size, num_pages, impl)
 
 
 def generate_with_logprobs(
@@ -154,6 +231,10 @@ def generate_with_logprobs(
     suppress_ids: tuple[int, ...] = (),
     seed: int = 0,
     pad_to: int = 1,
+    kv_cache: str = "dense",
+    page_size: int = 16,
+    num_pages: int | None = None,
+    paged_attention_impl: str = "auto",
 ) -> tuple[list[list[int]], list[np.ndarray]]:
   """Generates up to `max_new_tokens` tokens after each prompt.
 
@@ -167,27 +248,44 @@ def generate_with_logprobs(
     seed: Seed of the sampling.
     pad_to: The prompts are padded to a multiple of this length, so prompt
       lengths in one bucket share a compilation.
+    kv_cache: One of `KV_CACHES` (see the module docstring).
+    page_size: Tokens per page of a paged cache.
+    num_pages: Pages in the pool of a paged cache; None: enough for every
+      row to reach the padded prompt length + `max_new_tokens`.
+    paged_attention_impl: The `paged_attention.IMPLS` entry that reads a
+      paged cache at decode steps.
 
   Returns:
     (tokens, logprobs): the generated tokens of each row, and their float32
     log-probabilities (see the module docstring).
+
+  Raises:
+    ValueError: An argument is out of range, a paged cache was asked of a
+      model with multi-head latent attention, or the page pool ran out.
   """
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1.")
   if pad_to < 1:
     raise ValueError(f"pad_to={pad_to} must be >= 1.")
+  paging = _paging(model, kv_cache, page_size, num_pages,
+                   paged_attention_impl)
   params = params.validate()
   tokens_BP, lengths_B = _pad(prompts, pad_to)
   graphdef, state = nnx.split(model)
   traced = sampler.SamplingParams(
       jnp.float32(params.temperature), jnp.int32(params.top_k),
       jnp.float32(params.top_p))
-  out_BT, logprobs_BT, count_B = _generate(
+  out_BT, logprobs_BT, count_B, overflow = _generate(
       graphdef, state, jnp.asarray(tokens_BP), jnp.asarray(lengths_B),
       jax.random.key(seed), traced,
       jnp.asarray(list(stop_ids) or [-1], jnp.int32),
       jnp.asarray(list(suppress_ids), jnp.int32),
-      max_new_tokens=max_new_tokens)
+      max_new_tokens=max_new_tokens, paging=paging)
+  if overflow:
+    raise ValueError(
+        f"The paged KV cache ran out of pages (num_pages={num_pages}, "
+        f"page_size={page_size}): give more pages, or num_pages=None for "
+        "enough for every row.")
   out_BT, logprobs_BT, count_B = (np.asarray(out_BT), np.asarray(logprobs_BT),
                                   np.asarray(count_B))
   rows = range(len(prompts))
@@ -203,6 +301,10 @@ def generate(
     params: sampler.SamplingParams = sampler.SamplingParams(),
     eos_id: int | None = None,
     seed: int = 0,
+    kv_cache: str = "dense",
+    page_size: int = 16,
+    num_pages: int | None = None,
+    paged_attention_impl: str = "auto",
 ) -> list[list[int]]:
   """Generates up to `max_new_tokens` tokens after each prompt.
 
@@ -213,20 +315,27 @@ def generate(
     params: Greedy (the default) or sampling settings.
     eos_id: A row stops after generating this token (kept); None: never.
     seed: Seed of the sampling.
+    kv_cache: See `generate_with_logprobs`.
+    page_size: See `generate_with_logprobs`.
+    num_pages: See `generate_with_logprobs`.
+    paged_attention_impl: See `generate_with_logprobs`.
 
   Returns:
     The generated tokens of each row.
   """
   tokens, _ = generate_with_logprobs(
       model, prompts, max_new_tokens=max_new_tokens, params=params,
-      stop_ids=() if eos_id is None else (eos_id,), seed=seed)
+      stop_ids=() if eos_id is None else (eos_id,), seed=seed,
+      kv_cache=kv_cache, page_size=page_size, num_pages=num_pages,
+      paged_attention_impl=paged_attention_impl)
   return tokens
 
 
 @nnx.jit
 def _prefill_logits(model, tokens_1L):
   length = tokens_1L.shape[1]
-  logits_1LV, _, _ = _prefill(model, tokens_1L, jnp.array([length]), length)
+  logits_1LV, _, _ = _prefill(model, tokens_1L, jnp.array([length]),
+                              model.init_cache(1, length))
   return logits_1LV[0]
 
 

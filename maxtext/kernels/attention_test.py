@@ -7,16 +7,9 @@ import numpy as np
 
 from maxtext.common import model_config
 from maxtext.kernels import attention
+from maxtext.kernels import kernel_testing
 
 _B, _L, _K = 2, 10, 8
-
-
-def _inputs(num_heads, num_kv_heads, seed=0):
-  rng = np.random.RandomState(seed)
-  q = rng.normal(size=(_B, _L, num_heads, _K)).astype(np.float32)
-  k = rng.normal(size=(_B, _L, num_kv_heads, _K)).astype(np.float32)
-  v = rng.normal(size=(_B, _L, num_kv_heads, _K)).astype(np.float32)
-  return q, k, v
 
 
 def _segments():
@@ -62,7 +55,7 @@ class AttentionTest(parameterized.TestCase):
   @parameterized.named_parameters(*_CASES)
   def test_reference_matches_naive_loop(self, num_heads, num_kv_heads, window,
                                         segments):
-    q, k, v = _inputs(num_heads, num_kv_heads)
+    q, k, v = kernel_testing.inputs(_B, _L, num_heads, num_kv_heads, _K)
     segment_ids = _segments() if segments else None
     got = attention.reference_attention(
         q, k, v, scale=0.3, window=window, segment_ids_BL=segment_ids)
@@ -70,7 +63,7 @@ class AttentionTest(parameterized.TestCase):
     np.testing.assert_allclose(got, want, atol=1e-5)
 
   def test_reference_softcap_matches_naive_loop(self):
-    q, k, v = _inputs(4, 2)
+    q, k, v = kernel_testing.inputs(_B, _L, 4, 2, _K)
     got = attention.reference_attention(q, k, v, scale=1.0, window=4,
                                         logit_softcap=2.0)
     want = _naive_attention(q, k, v, 1.0, 4, None, 2.0)
@@ -81,7 +74,8 @@ class AttentionTest(parameterized.TestCase):
   @parameterized.named_parameters(*_CASES)
   def test_reference_sinks_match_naive_loop(self, num_heads, num_kv_heads,
                                             window, segments):
-    q, k, v = _inputs(num_heads, num_kv_heads, seed=2)
+    q, k, v = kernel_testing.inputs(_B, _L, num_heads, num_kv_heads, _K,
+                                    seed=2)
     segment_ids = _segments() if segments else None
     sinks = np.linspace(-1.0, 2.0, num_heads).astype(np.float32)
     got = attention.reference_attention(
@@ -95,7 +89,7 @@ class AttentionTest(parameterized.TestCase):
     self.assertGreater(np.abs(got - without).max(), 1e-2)
 
   def test_sinks_apply_with_an_explicit_mask(self):
-    q, k, v = _inputs(4, 2)
+    q, k, v = kernel_testing.inputs(_B, _L, 4, 2, _K)
     sinks = np.array([0.5, -0.5, 1.0, 0.0], np.float32)
     positions = np.broadcast_to(np.arange(_L), q.shape[:2])
     mask = attention.positions_mask(positions, _L, 3)
@@ -105,14 +99,15 @@ class AttentionTest(parameterized.TestCase):
         _naive_attention(q, k, v, 0.3, 3, None, 0.0, sinks), atol=1e-5)
 
   def test_xla_rejects_sinks(self):
-    q, k, v = _inputs(4, 2)
+    q, k, v = kernel_testing.inputs(_B, _L, 4, 2, _K)
     with self.assertRaisesRegex(ValueError, "sinks"):
       attention.xla_attention(q, k, v, scale=1.0, sinks_H=np.zeros(4))
 
   @parameterized.named_parameters(*_CASES)
   def test_xla_matches_reference(self, num_heads, num_kv_heads, window,
                                  segments):
-    q, k, v = _inputs(num_heads, num_kv_heads, seed=1)
+    q, k, v = kernel_testing.inputs(_B, _L, num_heads, num_kv_heads, _K,
+                                    seed=1)
     segment_ids = _segments() if segments else None
     kwargs = dict(scale=0.3, window=window, segment_ids_BL=segment_ids)
     want = attention.reference_attention(q, k, v, **kwargs)
@@ -121,14 +116,14 @@ class AttentionTest(parameterized.TestCase):
     np.testing.assert_allclose(got, want, atol=1e-5)
 
   def test_xla_rejects_softcap(self):
-    q, k, v = _inputs(4, 2)
+    q, k, v = kernel_testing.inputs(_B, _L, 4, 2, _K)
     with self.assertRaisesRegex(ValueError, "soft-cap"):
       attention.xla_attention(q, k, v, scale=1.0, logit_softcap=50.0)
 
   @parameterized.parameters(*attention.IMPLEMENTATIONS)
   def test_keys_outside_the_window_have_no_influence(self, impl):
     kernel = attention.IMPLEMENTATIONS[impl]
-    q, k, v = _inputs(4, 2)
+    q, k, v = kernel_testing.inputs(_B, _L, 4, 2, _K)
     window, query = 3, _L - 1
     out = kernel(q, k, v, scale=0.3, window=window)
     k2, v2 = k.copy(), v.copy()
@@ -152,7 +147,7 @@ class PositionsMaskTest(parameterized.TestCase):
   @parameterized.product(impl=("reference", "xla"), window=(None, 3))
   def test_positions_mask_over_all_positions_is_the_causal_mask(self, impl,
                                                                 window):
-    q, k, v = _inputs(4, 2)
+    q, k, v = kernel_testing.inputs(_B, _L, 4, 2, _K)
     length = q.shape[1]
     positions = np.broadcast_to(np.arange(length), q.shape[:2])
     mask = attention.positions_mask(positions, length, window)
@@ -162,7 +157,7 @@ class PositionsMaskTest(parameterized.TestCase):
         kernel(q, k, v, scale=0.3, window=window), rtol=0, atol=1e-6)
 
   def test_mask_excludes_window_and_segments(self):
-    q, k, v = _inputs(4, 2)
+    q, k, v = kernel_testing.inputs(_B, _L, 4, 2, _K)
     mask = attention.positions_mask(np.zeros((2, 1), np.int32), 4)
     with self.assertRaisesRegex(ValueError, "not both"):
       attention.reference_attention(q, k, v, scale=1.0, window=2,

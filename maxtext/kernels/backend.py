@@ -1,11 +1,12 @@
-"""The platform a computation is built for, and running Pallas kernels per
-shard of the activation sharding's mesh.
+"""The platform a computation is built for, whether cuDNN is there, and
+running Pallas kernels per shard of the activation sharding's mesh.
 
 Shape key: B batch, L query length, S key length, H query heads, G key/value
 heads, K head dim.
 """
 
 from collections.abc import Callable
+import functools
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -21,6 +22,20 @@ def target_platform() -> str:
   if mesh is not None:
     return mesh.devices.flat[0].platform
   return jax.default_backend()
+
+
+@functools.cache
+def cudnn_available() -> bool:
+  """Whether cuDNN's library loads: JAX's cuDNN attention needs it even to
+  compile for a GPU (a compile-only GPU target without the nvidia-cudnn
+  package has none)."""
+  # pylint: disable-next=import-outside-toplevel
+  from jax._src.cudnn import fused_attention_stablehlo
+  try:
+    fused_attention_stablehlo.check_cudnn_version()
+  except RuntimeError:
+    return False
+  return True
 
 
 def _mesh() -> jax.sharding.Mesh | None:

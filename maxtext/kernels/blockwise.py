@@ -38,7 +38,7 @@ class _Static(NamedTuple):
   kv_length: int  # Unpadded S.
 
 
-def _pad_to(x, axis, multiple, value=0):
+def pad_to(x, axis, multiple, value=0):
   pad = -x.shape[axis] % multiple
   if not pad:
     return x
@@ -47,17 +47,25 @@ def _pad_to(x, axis, multiple, value=0):
   return jnp.pad(x, widths, constant_values=value)
 
 
-def _blocks(x, axis, block):
+def split_blocks(x, axis, block):
   """Splits `axis` into (N, block) and moves N to the front."""
   shape = x.shape[:axis] + (x.shape[axis] // block, block) + x.shape[axis + 1:]
   return jnp.moveaxis(x.reshape(shape), axis, 0)
 
 
-def _tile_mask(st, qi, kj, seg_q_BQ, seg_k_BT, mask_BQT):
-  """Boolean [B or 1, Q, T]: which (query, key) pairs of the tile attend."""
-  q_Q1 = qi * st.block_q + jnp.arange(st.block_q)[:, None]
-  k_1T = kj * st.block_kv + jnp.arange(st.block_kv)[None, :]
-  valid_QT = k_1T < st.kv_length
+def tile_mask(st, q_first, k_first, keys_left, seg_q_BQ, seg_k_BT,
+              mask_BQT=None):
+  """Boolean [B or 1, Q, T]: which (query, key) pairs of a tile attend.
+
+  The tile's first query and first key sit at positions `q_first` and
+  `k_first`; keys past its first `keys_left` are padding. `st` has the
+  fields window, block_q and block_kv. An explicit `mask_BQT`
+  replaces the causal, window and segment masks.
+  """
+  q_Q1 = q_first + jnp.arange(st.block_q)[:, None]
+  t_1T = jnp.arange(st.block_kv)[None, :]
+  k_1T = k_first + t_1T
+  valid_QT = t_1T < keys_left
   if mask_BQT is not None:
     return mask_BQT & valid_QT[None]
   valid_QT &= k_1T <= q_Q1
@@ -69,21 +77,27 @@ def _tile_mask(st, qi, kj, seg_q_BQ, seg_k_BT, mask_BQT):
   return mask_BQT
 
 
-def _tile_needed(st, qi, kj, explicit_mask):
-  """False when the causal/window mask hides the whole tile."""
-  if explicit_mask:
-    return jnp.bool_(True)
-  q_first = qi * st.block_q
-  q_last = q_first + st.block_q - 1
-  k_first = kj * st.block_kv
-  k_last = k_first + st.block_kv - 1
-  needed = k_first <= q_last
+def tile_needed(st, q_first, k_first):
+  """False when the causal mask or the window hides every pair of the tile
+  whose first query and first key sit at positions `q_first` and
+  `k_first`."""
+  needed = k_first <= q_first + st.block_q - 1
   if st.window is not None:
-    needed &= q_first - k_last < st.window
+    needed &= q_first - (k_first + st.block_kv - 1) < st.window
   return needed
 
 
-def _logits(st, q_BQGRK, k_BTGK):
+def _tile(st, qi, kj, seg_q_BQ, seg_k_BT, mask_BQT):
+  """Tile (qi, kj)'s mask [B, 1, 1, Q, T] and whether it needs computing."""
+  q_first, k_first = qi * st.block_q, kj * st.block_kv
+  mask_B11QT = tile_mask(st, q_first, k_first, st.kv_length - k_first,
+                         seg_q_BQ, seg_k_BT, mask_BQT)[:, None, None]
+  if mask_BQT is not None:
+    return mask_B11QT, jnp.bool_(True)
+  return mask_B11QT, tile_needed(st, q_first, k_first)
+
+
+def tile_logits(st, q_BQGRK, k_BTGK):
   """Scaled (and soft-capped) float32 logits [B, G, R, Q, T], and tanh."""
   raw = jnp.einsum("bqgrk,btgk->bgrqt", q_BQGRK, k_BTGK,
                    preferred_element_type=jnp.float32) * st.scale
@@ -93,25 +107,52 @@ def _logits(st, q_BQGRK, k_BTGK):
   return st.logit_softcap * tanh, tanh
 
 
+def tile_backward(st, q_BQGRK, k_BTGK, v_BTGK, do_BQGRK, lse_BGRQ,
+                  delta_BGRQ, mask_B11QT, dk_BTGK, dv_BTGK):
+  """One tile's gradients: (dq [B, Q, G, R, K], dk_BTGK + the tile's dk,
+  dv_BTGK + the tile's dv), all float32.
+
+  Recomputes the tile's probabilities from the log-sum-exp `lse_BGRQ`;
+  `delta_BGRQ` is rowsum(dO * O).
+  """
+  s_BGRQT, tanh_BGRQT = tile_logits(st, q_BQGRK, k_BTGK)
+  p_BGRQT = jnp.where(mask_B11QT, jnp.exp(s_BGRQT - lse_BGRQ[..., None]),
+                      0.0)
+  dv_BTGK += jnp.einsum("bgrqt,bqgrk->btgk", p_BGRQT.astype(do_BQGRK.dtype),
+                        do_BQGRK, preferred_element_type=jnp.float32)
+  dp_BGRQT = jnp.einsum("bqgrk,btgk->bgrqt", do_BQGRK, v_BTGK,
+                        preferred_element_type=jnp.float32)
+  ds_BGRQT = p_BGRQT * (dp_BGRQT - delta_BGRQ[..., None])
+  if tanh_BGRQT is not None:
+    ds_BGRQT *= 1.0 - tanh_BGRQT ** 2
+  ds_BGRQT *= st.scale
+  dq_BQGRK = jnp.einsum("bgrqt,btgk->bqgrk", ds_BGRQT,
+                        k_BTGK.astype(jnp.float32))
+  dk_BTGK += jnp.einsum("bgrqt,bqgrk->btgk", ds_BGRQT,
+                        q_BQGRK.astype(jnp.float32))
+  return dq_BQGRK, dk_BTGK, dv_BTGK
+
+
 def _split(st, q_BLHK, k_BSGK, v_BSGK, segment_ids_BL, mask_BLS):
   """Pads and splits the inputs into blocks along L and S."""
   batch, _, num_heads, head_dim = q_BLHK.shape
   num_kv_heads = k_BSGK.shape[2]
-  q_BLGRK = _pad_to(q_BLHK, 1, st.block_q).reshape(
+  q_BLGRK = pad_to(q_BLHK, 1, st.block_q).reshape(
       batch, -1, num_kv_heads, num_heads // num_kv_heads, head_dim)
-  q_NBQGRK = _blocks(q_BLGRK, 1, st.block_q)
-  k_NBTGK = _blocks(_pad_to(k_BSGK, 1, st.block_kv), 1, st.block_kv)
-  v_NBTGK = _blocks(_pad_to(v_BSGK, 1, st.block_kv), 1, st.block_kv)
+  q_NBQGRK = split_blocks(q_BLGRK, 1, st.block_q)
+  k_NBTGK = split_blocks(pad_to(k_BSGK, 1, st.block_kv), 1, st.block_kv)
+  v_NBTGK = split_blocks(pad_to(v_BSGK, 1, st.block_kv), 1, st.block_kv)
   seg_q_NBQ = seg_k_NBT = mask_NNBQT = None
   if segment_ids_BL is not None:
-    seg_q_NBQ = _blocks(_pad_to(segment_ids_BL, 1, st.block_q), 1, st.block_q)
-    seg_k_NBT = _blocks(_pad_to(segment_ids_BL, 1, st.block_kv), 1,
-                        st.block_kv)
+    seg_q_NBQ = split_blocks(pad_to(segment_ids_BL, 1, st.block_q), 1,
+                             st.block_q)
+    seg_k_NBT = split_blocks(pad_to(segment_ids_BL, 1, st.block_kv), 1,
+                             st.block_kv)
   if mask_BLS is not None:
-    mask_BLS = _pad_to(_pad_to(mask_BLS, 1, st.block_q, False), 2,
+    mask_BLS = pad_to(pad_to(mask_BLS, 1, st.block_q, False), 2,
                        st.block_kv, False)
-    mask_NBQS = _blocks(mask_BLS, 1, st.block_q)
-    mask_NNBQT = jnp.moveaxis(_blocks(mask_NBQS, 3, st.block_kv), 0, 1)
+    mask_NBQS = split_blocks(mask_BLS, 1, st.block_q)
+    mask_NNBQT = jnp.moveaxis(split_blocks(mask_NBQS, 3, st.block_kv), 0, 1)
   return q_NBQGRK, k_NBTGK, v_NBTGK, seg_q_NBQ, seg_k_NBT, mask_NNBQT
 
 
@@ -168,13 +209,12 @@ def _forward(st, q_BLHK, k_BSGK, v_BSGK, sinks_H, segment_ids_BL, mask_BLS):
     def key_block(carry, ys):
       kj, k_BTGK, v_BTGK, seg_k_BT, mask_BQT = ys
 
+      mask_B11QT, needed = _tile(st, qi, kj, seg_q_BQ, seg_k_BT, mask_BQT)
+
       def update(carry):
-        s_BGRQT, _ = _logits(st, q_BQGRK, k_BTGK)
-        mask_B11QT = _tile_mask(st, qi, kj, seg_q_BQ, seg_k_BT,
-                                mask_BQT)[:, None, None]
+        s_BGRQT, _ = tile_logits(st, q_BQGRK, k_BTGK)
         return online_softmax_update(carry, s_BGRQT, mask_B11QT, v_BTGK)
 
-      needed = _tile_needed(st, qi, kj, mask_BQT is not None)
       return lax.cond(needed, update, lambda c: c, carry), None
 
     carry, _ = lax.scan(
@@ -216,15 +256,15 @@ def _blockwise_bwd(st, residuals, do_BLHK):
   group = num_heads // num_kv_heads
   q_NBQGRK, k_NBTGK, v_NBTGK, seg_q_NBQ, seg_k_NBT, mask_NNBQT = _split(
       st, q_BLHK, k_BSGK, v_BSGK, segment_ids_BL, mask_BLS)
-  do_NBQGRK = _blocks(
-      _pad_to(do_BLHK, 1, st.block_q).reshape(batch, -1, num_kv_heads, group,
+  do_NBQGRK = split_blocks(
+      pad_to(do_BLHK, 1, st.block_q).reshape(batch, -1, num_kv_heads, group,
                                               do_BLHK.shape[-1]), 1,
       st.block_q)
   # D = rowsum(dO * O): the softmax backward's per-row correction.
   delta_BLH = jnp.einsum("blhk,blhk->blh", do_BLHK.astype(jnp.float32),
                          o_BLHK.astype(jnp.float32))
   delta_NBGRQ = jnp.moveaxis(
-      _blocks(_pad_to(delta_BLH, 1, st.block_q), 1, st.block_q).reshape(
+      split_blocks(pad_to(delta_BLH, 1, st.block_q), 1, st.block_q).reshape(
           -1, batch, st.block_q, num_kv_heads, group), 2, 4)
   mask_NNBQT = None if mask_NNBQT is None else jnp.moveaxis(mask_NNBQT, 0, 1)
 
@@ -234,29 +274,15 @@ def _blockwise_bwd(st, residuals, do_BLHK):
     def query_block(carry, ys):
       qi, q_BQGRK, do_BQGRK, lse_BGRQ, delta_BGRQ, seg_q_BQ, mask_BQT = ys
 
+      mask_B11QT, needed = _tile(st, qi, kj, seg_q_BQ, seg_k_BT, mask_BQT)
+
       def update(carry):
         dq_NBQGRK, dk_BTGK, dv_BTGK = carry
-        s_BGRQT, tanh_BGRQT = _logits(st, q_BQGRK, k_BTGK)
-        mask_B11QT = _tile_mask(st, qi, kj, seg_q_BQ, seg_k_BT,
-                                mask_BQT)[:, None, None]
-        p_BGRQT = jnp.where(mask_B11QT,
-                            jnp.exp(s_BGRQT - lse_BGRQ[..., None]), 0.0)
-        dv_BTGK += jnp.einsum("bgrqt,bqgrk->btgk",
-                              p_BGRQT.astype(do_BQGRK.dtype), do_BQGRK,
-                              preferred_element_type=jnp.float32)
-        dp_BGRQT = jnp.einsum("bqgrk,btgk->bgrqt", do_BQGRK, v_BTGK,
-                              preferred_element_type=jnp.float32)
-        ds_BGRQT = p_BGRQT * (dp_BGRQT - delta_BGRQ[..., None])
-        if tanh_BGRQT is not None:
-          ds_BGRQT *= 1.0 - tanh_BGRQT ** 2
-        ds_BGRQT *= st.scale
-        dq_BQGRK = jnp.einsum("bgrqt,btgk->bqgrk", ds_BGRQT,
-                              k_BTGK.astype(jnp.float32))
-        dk_BTGK += jnp.einsum("bgrqt,bqgrk->btgk", ds_BGRQT,
-                              q_BQGRK.astype(jnp.float32))
+        dq_BQGRK, dk_BTGK, dv_BTGK = tile_backward(
+            st, q_BQGRK, k_BTGK, v_BTGK, do_BQGRK, lse_BGRQ, delta_BGRQ,
+            mask_B11QT, dk_BTGK, dv_BTGK)
         return dq_NBQGRK.at[qi].add(dq_BQGRK), dk_BTGK, dv_BTGK
 
-      needed = _tile_needed(st, qi, kj, mask_BQT is not None)
       return lax.cond(needed, update, lambda c: c, carry), None
 
     (dq_NBQGRK, dk_BTGK, dv_BTGK), _ = lax.scan(

@@ -9,38 +9,10 @@ import numpy as np
 
 from maxtext.kernels import attention
 from maxtext.kernels import blockwise
+from maxtext.kernels import kernel_testing
 
 _B, _L, _K = 2, 37, 8  # L is not a multiple of the blocks below.
 _BLOCKS = dict(block_q=8, block_kv=16)
-
-
-def _inputs(num_heads, num_kv_heads, length=_L, value_dim=_K, seed=0):
-  rng = np.random.RandomState(seed)
-  q = rng.normal(size=(_B, length, num_heads, _K)).astype(np.float32)
-  k = rng.normal(size=(_B, length, num_kv_heads, _K)).astype(np.float32)
-  v = rng.normal(size=(_B, length, num_kv_heads, value_dim)).astype(
-      np.float32)
-  return q, k, v
-
-
-def _segments(length=_L):
-  rng = np.random.RandomState(3)
-  return np.sort(rng.randint(0, 4, size=(_B, length)), axis=1).astype(
-      np.int32)
-
-
-def _value_and_grads(fn, q, k, v, sinks, **kwargs):
-  """Output and gradients of sum(o * w) w.r.t. q, k, v (and sinks)."""
-  weights = np.random.RandomState(7).normal(
-      size=q.shape[:3] + v.shape[-1:]).astype(np.float32)
-
-  def loss(q, k, v, sinks):
-    o = fn(q, k, v, sinks_H=sinks, **kwargs)
-    return (o.astype(jnp.float32) * weights).sum(), o
-
-  argnums = (0, 1, 2) if sinks is None else (0, 1, 2, 3)
-  grads, out = jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, sinks)
-  return out, grads
 
 
 _CASES = [
@@ -64,27 +36,30 @@ class BlockwiseTest(parameterized.TestCase):
   @parameterized.named_parameters(*_CASES)
   def test_matches_reference_fp32(self, num_heads, num_kv_heads, window=None,
                                   segments=False, softcap=0.0, sinks=False):
-    q, k, v = _inputs(num_heads, num_kv_heads)
+    q, k, v = kernel_testing.inputs(_B, _L, num_heads, num_kv_heads, _K)
     sinks_H = (np.linspace(-1.0, 2.0, num_heads).astype(np.float32)
                if sinks else None)
-    kwargs = dict(scale=0.4, window=window, logit_softcap=softcap,
-                  segment_ids_BL=_segments() if segments else None)
-    want, want_grads = _value_and_grads(attention.reference_attention, q, k,
-                                        v, sinks_H, **kwargs)
-    got, got_grads = _value_and_grads(blockwise.blockwise_attention, q, k, v,
-                                      sinks_H, **kwargs, **_BLOCKS)
+    kwargs = dict(
+        scale=0.4, window=window, logit_softcap=softcap,
+        segment_ids_BL=kernel_testing.segments(_B, _L) if segments else None)
+    want, want_grads = kernel_testing.value_and_grads(
+        attention.reference_attention, q, k, v, sinks_H, **kwargs)
+    got, got_grads = kernel_testing.value_and_grads(
+        blockwise.blockwise_attention, q, k, v, sinks_H, **kwargs,
+        **_BLOCKS)
     np.testing.assert_allclose(got, want, atol=1e-5)
     self.assertLen(got_grads, len(want_grads))
     for name, g, w in zip("qkvs", got_grads, want_grads):
       np.testing.assert_allclose(g, w, atol=5e-5, err_msg=f"d{name}")
 
   def test_matches_reference_bf16(self):
-    q, k, v = (x.astype(jnp.bfloat16) for x in _inputs(4, 2))
-    kwargs = dict(scale=0.4, window=11, segment_ids_BL=_segments())
-    want, want_grads = _value_and_grads(attention.reference_attention, q, k,
-                                        v, None, **kwargs)
-    got, got_grads = _value_and_grads(blockwise.blockwise_attention, q, k, v,
-                                      None, **kwargs, **_BLOCKS)
+    q, k, v = kernel_testing.inputs(_B, _L, 4, 2, _K, dtype=jnp.bfloat16)
+    kwargs = dict(scale=0.4, window=11,
+                  segment_ids_BL=kernel_testing.segments(_B, _L))
+    want, want_grads = kernel_testing.value_and_grads(
+        attention.reference_attention, q, k, v, None, **kwargs)
+    got, got_grads = kernel_testing.value_and_grads(
+        blockwise.blockwise_attention, q, k, v, None, **kwargs, **_BLOCKS)
     self.assertEqual(got.dtype, jnp.bfloat16)
     # bf16 rounds at 2**-8 relative; outputs and grads are O(1).
     np.testing.assert_allclose(np.float32(got), np.float32(want), atol=2e-2)
@@ -93,11 +68,11 @@ class BlockwiseTest(parameterized.TestCase):
                                  err_msg=f"d{name}")
 
   def test_value_dim_differs_from_key_dim(self):
-    q, k, v = _inputs(4, 4, value_dim=12)
-    want, want_grads = _value_and_grads(attention.reference_attention, q, k,
-                                        v, None, scale=0.3)
-    got, got_grads = _value_and_grads(blockwise.blockwise_attention, q, k, v,
-                                      None, scale=0.3, **_BLOCKS)
+    q, k, v = kernel_testing.inputs(_B, _L, 4, 4, _K, value_dim=12)
+    want, want_grads = kernel_testing.value_and_grads(
+        attention.reference_attention, q, k, v, None, scale=0.3)
+    got, got_grads = kernel_testing.value_and_grads(
+        blockwise.blockwise_attention, q, k, v, None, scale=0.3, **_BLOCKS)
     np.testing.assert_allclose(got, want, atol=1e-5)
     for g, w in zip(got_grads, want_grads):
       np.testing.assert_allclose(g, w, atol=5e-5)
@@ -105,23 +80,23 @@ class BlockwiseTest(parameterized.TestCase):
   def test_explicit_mask_over_kv_cache(self):
     """Decoding: two queries per row at given positions over a 37-slot
     cache (keys past the positions are garbage the mask must hide)."""
-    q, k, v = _inputs(4, 2)
+    q, k, v = kernel_testing.inputs(_B, _L, 4, 2, _K)
     q = q[:, :2]
     mask_BLS = attention.positions_mask(np.array([[3, 4], [30, 31]]), _L,
                                         window=6)
     sinks_H = np.float32([0.5, -1.0, 0.0, 1.0])
-    want, want_grads = _value_and_grads(attention.reference_attention, q, k,
-                                        v, sinks_H, scale=0.4,
-                                        mask_BLS=mask_BLS)
-    got, got_grads = _value_and_grads(blockwise.blockwise_attention, q, k, v,
-                                      sinks_H, scale=0.4, mask_BLS=mask_BLS,
-                                      block_kv=8)
+    want, want_grads = kernel_testing.value_and_grads(
+        attention.reference_attention, q, k, v, sinks_H, scale=0.4,
+        mask_BLS=mask_BLS)
+    got, got_grads = kernel_testing.value_and_grads(
+        blockwise.blockwise_attention, q, k, v, sinks_H, scale=0.4,
+        mask_BLS=mask_BLS, block_kv=8)
     np.testing.assert_allclose(got, want, atol=1e-5)
     for g, w in zip(got_grads, want_grads):
       np.testing.assert_allclose(g, w, atol=5e-5)
 
   def test_bad_block_size(self):
-    q, k, v = _inputs(2, 2)
+    q, k, v = kernel_testing.inputs(_B, _L, 2, 2, _K)
     with self.assertRaisesRegex(ValueError, "block_kv=0"):
       blockwise.blockwise_attention(q, k, v, scale=1.0, block_kv=0)
 

@@ -13,13 +13,22 @@ the implementation `impl`:
   cudnn      the same with `implementation="cudnn"` (GPU, bfloat16/float16);
              no soft-cap, no sinks, no segment ids.
   splash     the TPU Pallas splash kernel (`splash.py`); no explicit mask.
-  auto       per backend: TPU splash; GPU cuDNN where it serves the call,
-             else blockwise (soft-cap, sinks, segment ids, float32); CPU and
-             others blockwise. With an explicit mask (decoding: few queries
-             over a KV cache) TPU and GPU use the reference, CPU blockwise.
+  pallas_gpu flash attention as Pallas kernels lowered to Triton
+             (`pallas_gpu.py`, GPU); no explicit mask.
+  auto       per backend: TPU splash; GPU cuDNN where it serves the call
+             and its library is installed, else pallas_gpu (soft-cap,
+             sinks, segment ids, float32), else blockwise; CPU and others blockwise. With an explicit mask
+             (decoding: few queries over a KV cache) TPU and GPU use the
+             reference, CPU blockwise.
              Where blockwise would run on one tile (L <= block_q and
              S <= block_kv) auto takes the reference: the same computation,
              simpler to compile.
+
+Context parallelism (`context_parallel`): when the compute rules split the
+length (the `sequence` mesh axis), "allgather" runs `impl` on keys and
+values gathered whole (the rules keep `kv_length` unsplit); "ring" runs
+`ring.ring_attention` instead, which keeps them split and passes them round
+the devices. Calls with an explicit mask (decoding) always take `impl`.
 
 Shape key: B batch, L query length, S key length, H query heads, G key/value
 heads, K head dim.
@@ -35,9 +44,13 @@ import jax.numpy as jnp
 from maxtext.kernels import attention as attention_lib
 from maxtext.kernels import blockwise
 from maxtext.kernels import backend
+from maxtext.kernels import pallas_gpu
+from maxtext.kernels import ring
 from maxtext.kernels import splash
 
-IMPLS = ("auto", "reference", "blockwise", "xla", "cudnn", "splash")
+IMPLS = ("auto", "reference", "blockwise", "xla", "cudnn", "splash",
+         "pallas_gpu")
+CONTEXT_PARALLELS = ("allgather", "ring")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +76,13 @@ _IMPLS = {
                    dtypes=(jnp.bfloat16, jnp.float16)),
     "splash": _Impl(splash.splash_attention, unsupported=("mask_BLS",),
                     platforms=("tpu",), blocks=True, per_shard=True),
+    "pallas_gpu": _Impl(pallas_gpu.pallas_gpu_attention,
+                        unsupported=("mask_BLS",), platforms=("gpu",),
+                        blocks=True, per_shard=True),
 }
+
+# What "auto" tries on a GPU, first that serves the call first.
+_GPU_ORDER = ("cudnn", "pallas_gpu")
 
 
 def _unserved(name, features, platform, dtype):
@@ -80,8 +99,14 @@ def _unserved(name, features, platform, dtype):
   return None
 
 
+def _check_context_parallel(context_parallel):
+  if context_parallel not in CONTEXT_PARALLELS:
+    raise ValueError(f"Unknown context_parallel {context_parallel!r}; "
+                     f"valid: {CONTEXT_PARALLELS}.")
+
+
 def select_impl(impl: str, *, features: tuple[str, ...], platform: str,
-                dtype, one_tile: bool = False) -> str:
+                dtype, one_tile: bool = False, cudnn: bool = True) -> str:
   """The concrete implementation for `impl` ("auto" resolved).
 
   Args:
@@ -94,6 +119,8 @@ def select_impl(impl: str, *, features: tuple[str, ...], platform: str,
     one_tile: The queries and keys fit one blockwise tile; "auto" then takes
       the reference (the same computation, simpler to compile) where it
       would take blockwise.
+    cudnn: cuDNN's library is there (`backend.cudnn_available`); without
+      it "auto" on a GPU skips cuDNN.
 
   Raises:
     ValueError: `impl` is unknown or cannot serve the call; the message names
@@ -105,8 +132,11 @@ def select_impl(impl: str, *, features: tuple[str, ...], platform: str,
       return fallback if platform == "cpu" else "reference"
     if platform == "tpu":
       return "splash"
-    if platform == "gpu" and not _unserved("cudnn", features, platform, dtype):
-      return "cudnn"
+    if platform == "gpu":
+      for name in _GPU_ORDER:
+        if (name != "cudnn" or cudnn) and not _unserved(name, features,
+                                                       platform, dtype):
+          return name
     return fallback
   if impl not in _IMPLS:
     raise ValueError(f"Unknown attention impl {impl!r}; valid: {IMPLS}.")
@@ -133,6 +163,7 @@ def attention(
     mask_BLS: jax.Array | None = None,
     block_q: int = 512,
     block_kv: int = 512,
+    context_parallel: str = "allgather",
 ) -> jax.Array:
   """Attention with implementation `impl`; see the module docstring.
 
@@ -147,21 +178,37 @@ def attention(
     logit_softcap: Logits become `c * tanh(logits / c)`; 0 is off.
     sinks_H: Per-query-head sink logit (scaled-logit units); None: none.
     mask_BLS: Explicit mask replacing the causal, window and segment masks.
-    block_q: Query tile of "blockwise" and "splash".
-    block_kv: Key tile of "blockwise" and "splash".
+    block_q: Query tile of "blockwise", "splash", "pallas_gpu" and the
+      ring.
+    block_kv: Key tile of "blockwise", "splash", "pallas_gpu" and the ring.
+    context_parallel: One of `CONTEXT_PARALLELS`: "ring" takes
+      `ring.ring_attention` where the length is split and there is no
+      `mask_BLS`.
 
   Returns:
     Attention output [B, L, H, K] in the dtype of `v_BSGK`.
+
+  Raises:
+    ValueError: `context_parallel` is unknown, or `impl` cannot serve the
+      call (see `select_impl`).
   """
+  _check_context_parallel(context_parallel)
+  if (context_parallel == "ring" and mask_BLS is None and
+      ring.context_axes(q_BLHK.shape[1])):
+    return ring.ring_attention(q_BLHK, k_BSGK, v_BSGK, scale=scale,
+                               window=window, segment_ids_BL=segment_ids_BL,
+                               logit_softcap=logit_softcap, sinks_H=sinks_H,
+                               block_q=block_q, block_kv=block_kv)
   kwargs = dict(window=window, segment_ids_BL=segment_ids_BL,
                 logit_softcap=logit_softcap, sinks_H=sinks_H,
                 mask_BLS=mask_BLS)
   features = tuple(name for name, value in kwargs.items()
                    if value is not None and (name != "logit_softcap" or value))
   one_tile = q_BLHK.shape[1] <= block_q and k_BSGK.shape[1] <= block_kv
-  name = select_impl(impl, features=features,
-                     platform=backend.target_platform(), dtype=q_BLHK.dtype,
-                     one_tile=one_tile)
+  platform = backend.target_platform()
+  name = select_impl(impl, features=features, platform=platform,
+                     dtype=q_BLHK.dtype, one_tile=one_tile,
+                     cudnn=platform != "gpu" or backend.cudnn_available())
   impl = _IMPLS[name]
   if impl.blocks:
     kwargs.update(block_q=block_q, block_kv=block_kv)
@@ -179,25 +226,32 @@ def attention(
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-  """`attention` with `impl` and the blocks bound: the signature of
-  `attention.reference_attention`, for layers. Compares by value, so models
-  built twice from one config have equal static structure."""
+  """`attention` with `impl`, the blocks and the context parallelism
+  bound: the signature of `attention.reference_attention`, for layers.
+  Compares by value, so models built twice from one config have equal
+  static structure."""
   impl: str
   block_q: int = 512
   block_kv: int = 512
+  context_parallel: str = "allgather"
 
   def __call__(self, q_BLHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
                **kwargs) -> jax.Array:
     return attention(q_BLHK, k_BSGK, v_BSGK, impl=self.impl,
-                     block_q=self.block_q, block_kv=self.block_kv, **kwargs)
+                     block_q=self.block_q, block_kv=self.block_kv,
+                     context_parallel=self.context_parallel, **kwargs)
 
 
-def kernel(impl: str, *, block_q: int = 512, block_kv: int = 512) -> Kernel:
-  """The layers' attention function for `impl` and the blocks.
+def kernel(impl: str, *, block_q: int = 512, block_kv: int = 512,
+           context_parallel: str = "allgather") -> Kernel:
+  """The layers' attention function for `impl`, the blocks and the context
+  parallelism (`CONTEXT_PARALLELS`).
 
   Raises:
-    ValueError: `impl` is not one of `IMPLS`.
+    ValueError: `impl` is not one of `IMPLS`, or `context_parallel` not one
+      of `CONTEXT_PARALLELS`.
   """
   if impl not in IMPLS:
     raise ValueError(f"Unknown attention impl {impl!r}; valid: {IMPLS}.")
-  return Kernel(impl, block_q, block_kv)
+  _check_context_parallel(context_parallel)
+  return Kernel(impl, block_q, block_kv, context_parallel)

@@ -35,22 +35,29 @@ class SelectTest(parameterized.TestCase):
       ("tpu", ("window", "logit_softcap", "sinks_H"), jnp.bfloat16, "splash"),
       ("tpu", ("mask_BLS",), jnp.bfloat16, "reference"),
       ("gpu", ("window",), jnp.bfloat16, "cudnn"),
-      ("gpu", ("logit_softcap",), jnp.bfloat16, "blockwise"),
-      ("gpu", ("sinks_H",), jnp.bfloat16, "blockwise"),
-      ("gpu", ("segment_ids_BL",), jnp.bfloat16, "blockwise"),
-      ("gpu", (), jnp.float32, "blockwise"),
+      ("gpu", ("logit_softcap",), jnp.bfloat16, "pallas_gpu"),
+      ("gpu", ("logit_softcap",), jnp.bfloat16, "pallas_gpu", True),
+      ("gpu", ("sinks_H", "window"), jnp.bfloat16, "pallas_gpu"),
+      ("gpu", ("segment_ids_BL",), jnp.bfloat16, "pallas_gpu"),
+      ("gpu", (), jnp.float32, "pallas_gpu"),
       ("gpu", ("mask_BLS",), jnp.bfloat16, "reference"),
+      # Without cuDNN's library (a compile-only GPU target).
+      ("gpu", ("window",), jnp.bfloat16, "pallas_gpu", False, False),
   )
-  def test_auto(self, platform, features, dtype, want, one_tile=False):
+  def test_auto(self, platform, features, dtype, want, one_tile=False,
+                cudnn=True):
     self.assertEqual(
         dispatch.select_impl("auto", features=features, platform=platform,
-                             dtype=dtype, one_tile=one_tile), want)
+                             dtype=dtype, one_tile=one_tile, cudnn=cudnn),
+        want)
 
   @parameterized.parameters(
       ("xla", ("logit_softcap",), "cpu", "does not support logit_softcap"),
       ("cudnn", (), "cpu", "runs only on"),
       ("cudnn", ("segment_ids_BL",), "gpu", "does not support segment_ids"),
       ("splash", ("mask_BLS",), "tpu", "does not support mask_BLS"),
+      ("pallas_gpu", (), "cpu", "runs only on"),
+      ("pallas_gpu", ("mask_BLS",), "gpu", "does not support mask_BLS"),
       ("flash", (), "cpu", "Unknown attention impl 'flash'"),
   )
   def test_impl_that_cannot_serve_the_call(self, impl, features, platform,

@@ -10,29 +10,10 @@ import numpy as np
 
 from maxtext.aot import topology
 from maxtext.kernels import attention
+from maxtext.kernels import kernel_testing
 from maxtext.kernels import splash
 
 _B, _L, _K = 1, 200, 128  # L pads to 256: two 128-blocks.
-
-
-def _inputs(num_heads, num_kv_heads):
-  rng = np.random.RandomState(0)
-  q = rng.normal(size=(_B, _L, num_heads, _K)).astype(np.float32)
-  k = rng.normal(size=(_B, _L, num_kv_heads, _K)).astype(np.float32)
-  v = rng.normal(size=(_B, _L, num_kv_heads, _K)).astype(np.float32)
-  return q, k, v
-
-
-def _value_and_grads(fn, q, k, v, sinks, **kwargs):
-  weights = np.random.RandomState(7).normal(size=q.shape).astype(np.float32)
-
-  def loss(q, k, v, sinks):
-    o = fn(q, k, v, sinks_H=sinks, **kwargs)
-    return (o * weights).sum(), o
-
-  argnums = (0, 1, 2) if sinks is None else (0, 1, 2, 3)
-  grads, out = jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, sinks)
-  return out, grads
 
 
 class SplashInterpretTest(parameterized.TestCase):
@@ -45,7 +26,7 @@ class SplashInterpretTest(parameterized.TestCase):
   )
   def test_matches_reference(self, num_heads, num_kv_heads, window=None,
                              segments=False, softcap=0.0, sinks=False):
-    q, k, v = _inputs(num_heads, num_kv_heads)
+    q, k, v = kernel_testing.inputs(_B, _L, num_heads, num_kv_heads, _K)
     segment_ids = None
     if segments:
       segment_ids = np.repeat(np.int32([[1, 2, 3, 4]]), 50, axis=1)
@@ -53,18 +34,18 @@ class SplashInterpretTest(parameterized.TestCase):
                if sinks else None)
     kwargs = dict(scale=_K**-0.5, window=window, segment_ids_BL=segment_ids,
                   logit_softcap=softcap)
-    want, want_grads = _value_and_grads(attention.reference_attention, q, k,
-                                        v, sinks_H, **kwargs)
-    got, got_grads = _value_and_grads(splash.splash_attention, q, k, v,
-                                      sinks_H, block_q=128, block_kv=128,
-                                      interpret=True, **kwargs)
+    want, want_grads = kernel_testing.value_and_grads(
+        attention.reference_attention, q, k, v, sinks_H, **kwargs)
+    got, got_grads = kernel_testing.value_and_grads(
+        splash.splash_attention, q, k, v, sinks_H, block_q=128, block_kv=128,
+        interpret=True, **kwargs)
     np.testing.assert_allclose(got, want, atol=1e-5)
     self.assertLen(got_grads, len(want_grads))
     for name, g, w in zip("qkvs", got_grads, want_grads):
       np.testing.assert_allclose(g, w, atol=2e-5, err_msg=f"d{name}")
 
   def test_rejects_explicit_mask(self):
-    q, k, v = _inputs(2, 2)
+    q, k, v = kernel_testing.inputs(_B, _L, 2, 2, _K)
     with self.assertRaisesRegex(ValueError, "mask_BLS.*blockwise"):
       splash.splash_attention(q, k, v, scale=1.0,
                               mask_BLS=np.ones((_B, _L, _L), bool))

@@ -11,7 +11,9 @@ recompute them by name.
 
 Decoding passes a `KVCache` and the tokens' positions: the new keys and
 values are written at those positions and the queries attend over the cache
-(same projections, rotary and kernel as training).
+(same projections, rotary and kernel as training). With a `PagedKVCache`,
+one-token decode steps run `maxtext.kernels.paged_attention` over the pages
+(its `impl` is the cache's).
 """
 
 import jax
@@ -23,6 +25,7 @@ from maxtext.common import axes
 from maxtext.common.model_config import ModelConfig
 from maxtext.kernels import attention as attention_kernels
 from maxtext.kernels import dispatch as attention_dispatch
+from maxtext.kernels import paged_attention
 from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import linear
 from maxtext.layers import norm
@@ -72,7 +75,8 @@ class Attention(nnx.Module):
       self.query_norm = self.key_norm = None
     self.kernel = attention_dispatch.kernel(
         cfg.attention_impl, block_q=cfg.attention_block_q,
-        block_kv=cfg.attention_block_kv)
+        block_kv=cfg.attention_block_kv,
+        context_parallel=cfg.context_parallel)
     self.scale = cfg.query_scale
     self.logit_softcap = cfg.attn_logit_softcap
 
@@ -83,9 +87,10 @@ class Attention(nnx.Module):
       *,
       window: int | None = None,
       segment_ids_BL: jax.Array | None = None,
-      cache: kv_cache_lib.KVCache | None = None,
+      cache: kv_cache_lib.KVCache | kv_cache_lib.PagedKVCache | None = None,
       positions_BL: jax.Array | None = None,
-  ) -> jax.Array | tuple[jax.Array, kv_cache_lib.KVCache]:
+  ) -> jax.Array | tuple[jax.Array, kv_cache_lib.KVCache |
+                         kv_cache_lib.PagedKVCache]:
     """Attends causally; `window` limits how far back a query looks.
 
     With `cache`, the tokens (at `positions_BL`, consecutive in each row)
@@ -93,7 +98,11 @@ class Attention(nnx.Module):
     Packed sequences (`segment_ids_BL`) are not supported with a cache.
     """
     q_names = (axes.BATCH, axes.LENGTH, axes.HEADS, axes.HEAD_DIM)
-    kv_names = (axes.BATCH, axes.KV_LENGTH, axes.KV_HEADS, axes.HEAD_DIM)
+    # Ring attention (training) keeps keys and values split along the
+    # length like the queries; otherwise they are gathered whole.
+    ring = cache is None and self.kernel.context_parallel == "ring"
+    kv_names = (axes.BATCH, axes.LENGTH if ring else axes.KV_LENGTH,
+                axes.KV_HEADS, axes.HEAD_DIM)
     q_BLHK = checkpoint_name(self.query(x_BLD), "query_proj")
     k_BLGK = checkpoint_name(self.key(x_BLD), "key_proj")
     v_BLGK = checkpoint_name(self.value(x_BLD), "value_proj")
@@ -113,12 +122,32 @@ class Attention(nnx.Module):
     else:
       kv_cache_lib.check_decode_args(segment_ids_BL, positions_BL)
       cache = cache.write(k_BLGK, v_BLGK, positions_BL[:, 0])
-      mask_BLS = attention_kernels.positions_mask(positions_BL, cache.length,
-                                                  window)
-      o_BLHK = self.kernel(q_BLHK, cache.key_BSGK, cache.value_BSGK,
-                           scale=self.scale, logit_softcap=self.logit_softcap,
-                           mask_BLS=mask_BLS, sinks_H=sinks_H)
+      o_BLHK = self._attend_cache(q_BLHK, cache, positions_BL, window,
+                                  sinks_H)
     o_BLHK = checkpoint_name(axes.constrain(o_BLHK, q_names),
                              "attention_context")
     out_BLD = checkpoint_name(self.output(o_BLHK), "out_proj")
     return out_BLD if cache is None else (out_BLD, cache)
+
+  def _attend_cache(self, q_BLHK, cache, positions_BL, window, sinks_H):
+    """The queries at `positions_BL` over the (already written) cache.
+
+    One query per row over a `PagedKVCache` reads the pages in place
+    (`paged_attention`); otherwise the model's kernel runs over the dense
+    cache (a paged one gathered) with a causal, windowed mask by position.
+    """
+    paged = isinstance(cache, kv_cache_lib.PagedKVCache)
+    if paged and q_BLHK.shape[1] == 1:
+      o_BHK = paged_attention.paged_attention(
+          q_BLHK[:, 0], cache.key_pages_PTGK, cache.value_pages_PTGK,
+          cache.page_table_BN, positions_BL[:, 0] + 1, scale=self.scale,
+          window=window, logit_softcap=self.logit_softcap, sinks_H=sinks_H,
+          impl=cache.impl)
+      return o_BHK[:, None]
+    k_BSGK, v_BSGK = (cache.gather() if paged
+                      else (cache.key_BSGK, cache.value_BSGK))
+    mask_BLS = attention_kernels.positions_mask(positions_BL, cache.length,
+                                                window)
+    return self.kernel(q_BLHK, k_BSGK, v_BSGK, scale=self.scale,
+                       logit_softcap=self.logit_softcap, mask_BLS=mask_BLS,
+                       sinks_H=sinks_H)

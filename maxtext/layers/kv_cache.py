@@ -1,13 +1,20 @@
 """Key/value cache of one attention layer, for decoding token by token.
 
-A full-length cache: slot j holds the key and value of position j, for
-positions 0..S-1 of every row. Sliding-window layers keep the full cache and
-mask keys outside the window (`maxtext.kernels.attention.positions_mask`).
-Rows may be at different positions (batched prompts of different lengths):
-each row writes its new keys at its own position.
+`KVCache`, a full-length cache: slot j holds the key and value of position
+j, for positions 0..S-1 of every row. Sliding-window layers keep the full
+cache and mask keys outside the window
+(`maxtext.kernels.attention.positions_mask`). Rows may be at different
+positions (batched prompts of different lengths): each row writes its new
+keys at its own position.
+
+`PagedKVCache`, a paged cache: a pool of fixed-size pages shared by the
+rows and a page table naming each row's pages in position order, so a row
+holds memory for the positions it reached rather than for the longest
+possible sequence (`paged_like` builds one shaped like a model's dense
+cache).
 
 Shape key: B batch, L new tokens, S cache length, G key/value heads, K head
-dim.
+dim, P pages in the pool, T tokens per page, N pages per row.
 """
 
 import dataclasses
@@ -48,6 +55,102 @@ class KVCache:
     write = jax.vmap(write_row)
     return KVCache(write(self.key_BSGK, k_BLGK, start_B),
                    write(self.value_BSGK, v_BLGK, start_B))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PagedKVCache:
+  """Keys and values in a pool of pages [P, T, G, K], read by page table.
+
+  Row b's position t sits in page `page_table_BN[b, t // T]`, slot `t % T`
+  (the layout of `maxtext.kernels.paged_attention`). Who owns which page is
+  the caller's business (`maxtext.inference.page_pool`); this class only
+  honours the table. A table entry may name a scratch page that several rows
+  share (an unallocated page): what is written there is garbage, and the
+  caller keeps such positions masked. The rows' lengths are not stored:
+  like `KVCache`, the cache is read by the positions of the queries.
+
+  Decode steps (one token per row) read the pages with
+  `paged_attention.paged_attention(..., impl=impl)`; longer calls (prefill)
+  gather each row's pages into a dense [B, N * T, G, K] view (`gather`).
+
+  With stacked layers every field has a leading layer axis.
+  """
+
+  key_pages_PTGK: jax.Array
+  value_pages_PTGK: jax.Array
+  page_table_BN: jax.Array
+  impl: str = dataclasses.field(default="auto", metadata=dict(static=True))
+
+  @property
+  def page_size(self) -> int:
+    return self.key_pages_PTGK.shape[-3]
+
+  @property
+  def length(self) -> int:
+    """Positions each row can hold: N * T."""
+    return self.page_table_BN.shape[-1] * self.page_size
+
+  def write(self, k_BLGK: jax.Array, v_BLGK: jax.Array,
+            start_B: jax.Array) -> "PagedKVCache":
+    """The cache with row b's L new entries at positions start_B[b]...
+
+    The caller keeps `start_B + L <= N * T`.
+    """
+    positions_BL = start_B[:, None] + jnp.arange(k_BLGK.shape[1])
+    page_BL = jnp.take_along_axis(self.page_table_BN,
+                                  positions_BL // self.page_size, axis=1)
+    slot_BL = positions_BL % self.page_size
+
+    def write(pages_PTGK, new_BLGK):
+      return pages_PTGK.at[page_BL, slot_BL].set(
+          new_BLGK.astype(pages_PTGK.dtype))
+
+    return dataclasses.replace(
+        self, key_pages_PTGK=write(self.key_pages_PTGK, k_BLGK),
+        value_pages_PTGK=write(self.value_pages_PTGK, v_BLGK))
+
+  def gather(self) -> tuple[jax.Array, jax.Array]:
+    """Dense keys and values [B, N * T, G, K], slot j holding position j."""
+    batch = self.page_table_BN.shape[0]
+
+    def dense(pages_PTGK):
+      return pages_PTGK[self.page_table_BN].reshape(
+          (batch, self.length) + pages_PTGK.shape[-2:])
+
+    return dense(self.key_pages_PTGK), dense(self.value_pages_PTGK)
+
+
+def paged_like(cache, *, num_pages: int, page_size: int,
+               page_table_BN: jax.Array, impl: str = "auto"):
+  """`cache` (a tree of `KVCache`s, holding arrays or only their shapes)
+  with every `KVCache` replaced by an empty `PagedKVCache` of the same
+  heads, head dim and dtype: `num_pages` pages of `page_size` tokens, read
+  by `page_table_BN`.
+
+  Layers stacked in `cache` (a leading layer axis) stay stacked: the pages
+  and the table get the same leading axes.
+  """
+  def paged(layer):
+    *leading, _, _, num_kv_heads, head_dim = layer.key_BSGK.shape
+    shape = (*leading, num_pages, page_size, num_kv_heads, head_dim)
+    table_BN = jnp.broadcast_to(page_table_BN,
+                                (*leading, *page_table_BN.shape))
+    return PagedKVCache(jnp.zeros(shape, layer.key_BSGK.dtype),
+                        jnp.zeros(shape, layer.value_BSGK.dtype), table_BN,
+                        impl)
+
+  return jax.tree.map(paged, cache,
+                      is_leaf=lambda node: isinstance(node, KVCache))
+
+
+def with_page_table(cache, page_table_BN: jax.Array):
+  """`cache` (a tree of `PagedKVCache`s) reading `page_table_BN`."""
+  return jax.tree.map(
+      lambda layer: dataclasses.replace(
+          layer, page_table_BN=jnp.broadcast_to(page_table_BN,
+                                                layer.page_table_BN.shape)),
+      cache, is_leaf=lambda node: isinstance(node, PagedKVCache))
 
 
 def check_decode_args(segment_ids_BL, positions_BL) -> None:
