@@ -31,12 +31,16 @@ def model_defaults() -> ml_collections.ConfigDict:
       dtype="float32",
       param_dtype="float32",
       scan_layers=True,
-      # maxtext.kernels.dispatch: "auto" picks per backend (TPU splash, GPU
-      # cuDNN or blockwise, CPU blockwise); the blocks tile blockwise and
-      # splash.
+      # maxtext.kernels.dispatch: "auto" picks per backend (TPU splash; GPU
+      # cuDNN, else the Pallas Triton kernel, else blockwise; CPU
+      # blockwise); the blocks tile blockwise, splash and pallas_gpu.
       attention_impl="auto",
       attention_block_q=512,
       attention_block_kv=512,
+      # With the length split (mesh.ici.sequence > 1): "allgather" gathers
+      # keys and values whole, "ring" passes them round the devices
+      # (maxtext.kernels.ring).
+      context_parallel="allgather",
       norm_eps=1e-6,
       norm_offset=0.0,
       post_norms=False,
@@ -80,6 +84,8 @@ def model_defaults() -> ml_collections.ConfigDict:
       pipeline_stages=1,
       # Batch slices flowing through the pipeline; 0: one per stage.
       pipeline_microbatches=0,
+      # Passes through the stages: 1 GPipe, more a circular schedule.
+      pipeline_repeats=1,
       # Mixture of experts (maxtext.layers.moe); num_experts=0: dense MLPs.
       num_experts=0,
       num_experts_per_token=1,

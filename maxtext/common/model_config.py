@@ -23,7 +23,10 @@ DTYPES = ("float32", "bfloat16")
 ROPE_SCALINGS = ("default", "linear", "llama3", "yarn")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh", "clamped_swiglu")
 # See maxtext.kernels.dispatch.
-ATTENTION_IMPLS = ("auto", "reference", "blockwise", "xla", "cudnn", "splash")
+ATTENTION_IMPLS = ("auto", "reference", "blockwise", "xla", "cudnn", "splash",
+                   "pallas_gpu")
+# See maxtext.kernels.dispatch and maxtext.kernels.ring.
+CONTEXT_PARALLELS = ("allgather", "ring")
 # "gqa": maxtext.layers.attention; "mla": maxtext.layers.mla (DeepSeek).
 ATTENTION_TYPES = ("gqa", "mla")
 # See maxtext.layers.remat.
@@ -63,12 +66,19 @@ class ModelConfig:
     scan_layers: Stack the blocks' parameters and run them with a scan, so
       compile time does not grow with depth.
     attention_impl: Attention kernel (`maxtext.kernels.dispatch`): "auto"
-      (TPU splash, GPU cuDNN where it serves the layer else blockwise, CPU
+      (TPU splash, GPU cuDNN where it serves the layer else pallas_gpu, CPU
       blockwise), "reference" (plain JAX), "blockwise" (flash-style plain
       JAX), "xla" (`jax.nn.dot_product_attention`), "cudnn" (its cuDNN
-      backend) or "splash" (TPU Pallas).
-    attention_block_q: Query tile of the "blockwise" and "splash" kernels.
-    attention_block_kv: Key tile of the "blockwise" and "splash" kernels.
+      backend), "splash" (TPU Pallas) or "pallas_gpu" (GPU Pallas/Triton).
+    attention_block_q: Query tile of the "blockwise", "splash" and
+      "pallas_gpu" kernels.
+    attention_block_kv: Key tile of the "blockwise", "splash" and
+      "pallas_gpu" kernels.
+    context_parallel: How training attention runs when the compute rules
+      split the length (the `sequence` mesh axis): "allgather" gathers the
+      keys and values whole, "ring" passes them round the devices
+      (`maxtext.kernels.ring`, in place of `attention_impl`; not with
+      attention_type="mla").
     norm_eps: RMSNorm epsilon.
     norm_offset: RMSNorm multiplies by `norm_offset + scale` (Gemma: 1.0, with
       the scale initialised to zero).
@@ -119,13 +129,19 @@ class ModelConfig:
       -> "keep", "recompute" or "offload" (saved in host memory). A mapping
       is accepted; stored as sorted (name, action) pairs without the
       "recompute" ones (the default for unlisted names).
-    pipeline_stages: Pipeline parallelism: the layers are split into this
-      many consecutive stages, run as a GPipe schedule
-      (`maxtext.layers.pipeline`); equals the size of the `stage` mesh axis.
-      1 is off. Needs `scan_layers` and the same local/global layer pattern
-      in every stage.
+    pipeline_stages: Pipeline parallelism (`maxtext.layers.pipeline`): the
+      layers are split over this many stages; equals the size of the
+      `stage` mesh axis. 1 is off. Needs `scan_layers`.
     pipeline_microbatches: Slices of the batch that flow through the
-      pipeline stages; 0 means one per stage. Divides the batch.
+      pipeline stages; 0 means one per stage. Divides the batch; at least
+      `pipeline_stages` when `pipeline_repeats` > 1.
+    pipeline_repeats: Passes of each microbatch through the stages: the
+      layers are split into stages * repeats chunks of consecutive layers,
+      stage s holding chunks s, s + stages, ... (circular schedule; the
+      bubble shrinks to (stages - 1) / (repeats * microbatches + stages -
+      1)). 1 is GPipe: each stage holds one chunk. Divides num_layers /
+      pipeline_stages. Like `pipeline_microbatches`, unused with one stage
+      (so decoding, which runs without the pipeline, keeps it).
     num_experts: Mixture of experts (`maxtext.layers.moe`): routed experts
       of each MoE layer; 0 means a dense MLP in every layer.
     num_experts_per_token: Experts each token is sent to (top-k).
@@ -203,6 +219,7 @@ class ModelConfig:
   attention_impl: str = "auto"
   attention_block_q: int = 512
   attention_block_kv: int = 512
+  context_parallel: str = "allgather"
   norm_eps: float = 1e-6
   norm_offset: float = 0.0
   post_norms: bool = False
@@ -233,6 +250,7 @@ class ModelConfig:
   remat_custom: Any = ()
   pipeline_stages: int = 1
   pipeline_microbatches: int = 0
+  pipeline_repeats: int = 1
   num_experts: int = 0
   num_experts_per_token: int = 1
   moe_mlp_dim: int = 0
@@ -300,6 +318,7 @@ class ModelConfig:
                         ("rope_scaling", ROPE_SCALINGS),
                         ("mlp_activation", MLP_ACTIVATIONS),
                         ("attention_impl", ATTENTION_IMPLS),
+                        ("context_parallel", CONTEXT_PARALLELS),
                         ("remat_policy", REMAT_POLICIES)):
       if getattr(self, name) not in valid:
         _fail(name, getattr(self, name), f"valid values are {valid}")
@@ -348,17 +367,21 @@ class ModelConfig:
     if self.attention_impl in ("xla", "cudnn") and self.attn_logit_softcap:
       _fail("attention_impl", self.attention_impl,
             f"the {self.attention_impl} implementation has no attention-logit"
-            ' soft-cap; use "auto", "reference", "blockwise" or "splash", or'
-            " set attn_logit_softcap=0")
+            ' soft-cap; use "auto", "reference", "blockwise", "splash" or'
+            ' "pallas_gpu", or set attn_logit_softcap=0')
     if self.attention_impl in ("xla", "cudnn") and self.attention_sinks:
       _fail("attention_impl", self.attention_impl,
             f"the {self.attention_impl} implementation has no attention "
-            'sinks; use "auto", "reference", "blockwise" or "splash", or set'
-            " attention_sinks=False")
+            'sinks; use "auto", "reference", "blockwise", "splash" or '
+            '"pallas_gpu", or set attention_sinks=False')
     for name in ("attention_block_q", "attention_block_kv"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         _fail(name, value, "must be a positive integer")
+    if self.context_parallel == "ring" and self.attention_type == "mla":
+      _fail("context_parallel", self.context_parallel,
+            'ring attention serves attention_type="gqa" layers only; use'
+            ' "allgather" with attention_type="mla"')
     self._check_pipeline()
     self._check_moe()
     self._check_mla()
@@ -403,21 +426,28 @@ class ModelConfig:
         or microbatches < 0):
       _fail("pipeline_microbatches", microbatches,
             "must be a positive integer, or 0 for one per stage")
+    repeats = self.pipeline_repeats
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+      _fail("pipeline_repeats", repeats,
+            "must be a positive integer (1: GPipe)")
     if stages == 1:
       return
     if self.num_layers % stages:
       _fail("pipeline_stages", stages,
             f"must divide num_layers={self.num_layers}")
+    if self.num_layers % (stages * repeats):
+      valid = [r for r in range(1, self.num_layers // stages + 1)
+               if self.num_layers % (stages * r) == 0]
+      _fail("pipeline_repeats", repeats,
+            f"pipeline_stages={stages} * pipeline_repeats must divide"
+            f" num_layers={self.num_layers}; valid repeats: {valid}")
+    if repeats > 1 and 0 < microbatches < stages:
+      _fail("pipeline_microbatches", microbatches,
+            f"the circular schedule (pipeline_repeats={repeats}) needs at"
+            f" least pipeline_stages={stages} microbatches, or 0 for one"
+            " per stage")
     if not self.scan_layers:
       _fail("pipeline_stages", stages, "pipelining needs scan_layers=True")
-    windows = self.layer_windows()
-    per_stage = self.num_layers // stages
-    if windows != windows[:per_stage] * stages:
-      _fail("pipeline_stages", stages,
-            f"the stages of {per_stage} layers would have different"
-            " local/global layer patterns; choose a number of stages that"
-            f" makes {per_stage} a multiple of global_layer_interval="
-            f"{self.global_layer_interval}")
 
   def _check_moe(self):
     for name in ("num_experts", "num_shared_experts", "first_dense_layers",

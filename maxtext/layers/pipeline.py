@@ -1,26 +1,38 @@
-"""Pipeline parallelism: a GPipe schedule over the `stage` axis, plain JAX.
+"""Pipeline parallelism: GPipe and circular schedules over `stage`, plain JAX.
 
-The layers are split into S consecutive stages whose parameters are stacked
-on a leading stage axis (sharded over the `stage` mesh axis), and the batch
-into M microbatches. A state buffer holds one microbatch per stage. Each of
-the M + S - 1 iterations of a `lax.scan`
-  1. puts the next microbatch into stage 0's slot,
+The layers are split into S * R consecutive chunks and the batch into M
+microbatches. Stage s holds chunks s, s + S, ..., s + (R - 1) S: their
+parameters are stacked as [S, R, ...], the stage axis sharded over the
+`stage` mesh axis. A microbatch passes through the stages R times ("circular"
+or interleaved schedule, as in praxis and MaxText); R = 1 is GPipe, each
+stage holding one chunk of consecutive layers.
+
+Work items k = 0 .. R M - 1 enter stage 0 in order: item k is microbatch
+k % M on its pass k // M. A state buffer holds one item per stage. Each of
+the R M + S - 1 iterations t of a `lax.scan`
+  1. puts item t into stage 0's slot (microbatch t % M: the input on the
+     first pass, later what the last stage left in its slot of the
+     microbatch buffer),
   2. runs every stage on its slot at once (`jax.vmap` over the stage axis
      with `spmd_axis_name="stage"`, so each stage's devices compute only
-     their stage),
-  3. stores the last stage's result as a finished microbatch, and
-  4. rotates the buffer by one stage (`jnp.roll`: a collective permute
-     between neighbouring stages).
-Stage s works on microbatch t - s at iteration t; the other slots (the
-bubble, (S - 1) / (M + S - 1) of the work) hold values that never reach the
-outputs, so they add nothing to the gradients. Differentiating the scan gives
-the backward pass in reverse order.
+     their stage); stage s works on item t - s with its chunk for pass
+     (t - s) // M,
+  3. stores the last stage's result in the microbatch buffer, and
+  4. rotates the state buffer by one stage (`jnp.roll`: a collective
+     permute between neighbouring stages; the last stage's result reaches
+     stage 0 only through the microbatch buffer).
+Item k leaves the last stage at iteration k + S - 1 and comes back to stage
+0 as item k + M at iteration k + M, so R > 1 needs M >= S. Slots outside
+0 <= t - s < R M (the bubble, (S - 1) / (R M + S - 1) of the work) hold
+values that never reach the outputs, so they add nothing to the gradients.
+Differentiating the scan gives the backward pass in reverse order.
 
 The data moving through the stages is any pytree (the residual stream plus,
 e.g., each row's positions and segment ids), every leaf with the microbatch
 rows first.
 
-Shape key: S stages, M microbatches, B batch rows, b rows of a microbatch.
+Shape key: S stages, R repeats (passes), M microbatches, B batch rows, b rows
+of a microbatch.
 """
 
 from collections.abc import Callable
@@ -63,53 +75,74 @@ def merge_microbatches(tree: Any) -> Any:
       lambda x_M: x_M.swapaxes(0, 1).reshape(-1, *x_M.shape[2:]), tree)
 
 
-def gpipe(stage_fn: Callable[[Any, Any], Any], stage_params: Any,
-          inputs_M: Any, *, names: Any) -> Any:
-  """Runs microbatches through the stages in order: stage S-1(...stage 0(x)).
+def circular(stage_fn: Callable[[Any, Any], Any], stage_params: Any,
+             inputs_M: Any, *, names: Any) -> Any:
+  """Runs microbatches through chunk S R - 1(...chunk 1(chunk 0(x))).
+
+  Chunk c is stage c % S's chunk for pass c // S.
 
   Args:
-    stage_fn: `stage_fn(params, x) -> y`, one stage on one microbatch; `y`
+    stage_fn: `stage_fn(params, x) -> y`, one chunk on one microbatch; `y`
       has the structure, shapes and dtypes of `x`.
-    stage_params: Parameters of every stage, each leaf [S, ...].
+    stage_params: Parameters of every chunk, each leaf [S, R, ...]: [s, r]
+      is chunk r S + s. Any per-chunk data (e.g. each layer's attention
+      window) can ride along.
     inputs_M: Microbatches, each leaf [M, b, ...].
     names: Logical axis names of one microbatch's leaves (a pytree of
       tuples matching `inputs_M` without its leading axis); the buffer is
       constrained to (STAGE, *names).
 
   Returns:
-    The last stage's outputs, each leaf [M, b, ...].
+    The last chunk's outputs, each leaf [M, b, ...].
+
+  Raises:
+    ValueError: R > 1 with fewer microbatches than stages.
   """
-  num_stages = jax.tree.leaves(stage_params)[0].shape[0]
+  num_stages, num_repeats = jax.tree.leaves(stage_params)[0].shape[:2]
   num_microbatches = jax.tree.leaves(inputs_M)[0].shape[0]
+  if num_repeats > 1 and num_microbatches < num_stages:
+    raise ValueError(
+        f"The circular schedule needs at least as many microbatches as"
+        f" stages: {num_microbatches} microbatches < {num_stages} stages"
+        f" (with {num_repeats} repeats); set model.pipeline_microbatches to"
+        f" {num_stages} or more, or 0 for one per stage.")
 
   def constrain(tree_S):
     # `tree_S` is a prefix of `names`: each array meets its tuple of names.
     return jax.tree.map(lambda x_S, n: axes.constrain(x_S, (STAGE, *n)),
                         tree_S, names)
 
+  def run_stage(params_R, repeat, x):
+    return stage_fn(jax.tree.map(
+        lambda p_R: jax.lax.dynamic_index_in_dim(p_R, repeat, keepdims=False),
+        params_R), x)
+
   def step(carry, t):
-    state_S, outputs_M = carry
+    state_S, buffer_M = carry
     new = jax.tree.map(
         lambda x_M: jax.lax.dynamic_index_in_dim(
-            x_M, jnp.minimum(t, num_microbatches - 1), keepdims=False),
-        inputs_M)
+            x_M, t % num_microbatches, keepdims=False), buffer_M)
     state_S = constrain(jax.tree.map(lambda s, x: s.at[0].set(x),
                                      state_S, new))
-    out_S = constrain(jax.vmap(stage_fn, spmd_axis_name=STAGE)(
-        stage_params, state_S))
-    # The last stage finished microbatch t - (S - 1); before that it only
-    # held bubble values, written to slot 0 and overwritten later.
-    done = jnp.maximum(t - (num_stages - 1), 0)
-    outputs_M = jax.tree.map(
+    # Stage s works on item t - s; bubble items take any valid pass.
+    repeat_S = jnp.clip((t - jnp.arange(num_stages)) // num_microbatches,
+                        0, num_repeats - 1)
+    out_S = constrain(jax.vmap(run_stage, spmd_axis_name=STAGE)(
+        stage_params, repeat_S, state_S))
+    # The last stage finished item t - (S - 1); before that it only held
+    # bubble values, written to slot 0 and overwritten by item 0 before
+    # stage 0 reads that slot again.
+    done = jnp.maximum(t - (num_stages - 1), 0) % num_microbatches
+    buffer_M = jax.tree.map(
         lambda o_M, y_S: jax.lax.dynamic_update_index_in_dim(
-            o_M, y_S[-1], done, 0), outputs_M, out_S)
+            o_M, y_S[-1], done, 0), buffer_M, out_S)
     return (jax.tree.map(lambda y_S: jnp.roll(y_S, 1, axis=0), out_S),
-            outputs_M), None
+            buffer_M), None
 
   state_S = jax.tree.map(
       lambda x_M: jnp.zeros((num_stages, *x_M.shape[1:]), x_M.dtype),
       inputs_M)
   (_, outputs_M), _ = jax.lax.scan(
-      step, (state_S, jax.tree.map(jnp.zeros_like, inputs_M)),
-      jnp.arange(num_microbatches + num_stages - 1))
+      step, (state_S, inputs_M),
+      jnp.arange(num_repeats * num_microbatches + num_stages - 1))
   return outputs_M

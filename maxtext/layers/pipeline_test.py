@@ -1,4 +1,5 @@
-"""Tests of the GPipe schedule against running the stages one after another."""
+"""Tests of the GPipe and circular schedules against running the chunks of
+layers one after another."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -10,39 +11,56 @@ from maxtext.layers import pipeline
 
 
 def _stage(params, microbatch):
-  """A stage that needs its own rows' side input: tanh(x W + b) * scale."""
+  """A chunk that needs its own rows' side input: tanh(x W + b) * scale."""
   x_bD, scale_b = microbatch
   y_bD = jnp.tanh(x_bD @ params["w"] + params["b"]) * scale_b[:, None]
   return y_bD, scale_b
 
 
-def _params(stages, dim=4):
+def _params(stages, repeats, dim=4):
+  """Chunk parameters [S, R, ...]; chunk r S + s is [s, r]."""
   rng = np.random.default_rng(0)
-  return {"w": jnp.asarray(rng.normal(size=(stages, dim, dim)), jnp.float32),
-          "b": jnp.asarray(rng.normal(size=(stages, dim)), jnp.float32)}
+  return {"w": jnp.asarray(rng.normal(size=(stages, repeats, dim, dim)),
+                           jnp.float32),
+          "b": jnp.asarray(rng.normal(size=(stages, repeats, dim)),
+                           jnp.float32)}
 
 
 def _sequential(params, inputs):
-  for stage in range(params["w"].shape[0]):
-    inputs = _stage(jax.tree.map(lambda p, s=stage: p[s], params), inputs)
+  stages, repeats = params["w"].shape[:2]
+  for chunk in range(stages * repeats):
+    inputs = _stage(jax.tree.map(lambda p, c=chunk: p[c % stages,
+                                                      c // stages], params),
+                    inputs)
   return inputs[0]
 
 
 def _piped(params, inputs, microbatches):
-  outputs = pipeline.gpipe(
+  outputs = pipeline.circular(
       _stage, params, pipeline.split_microbatches(inputs, microbatches),
       names=(("batch", "embed"), ("batch",)))
   return pipeline.merge_microbatches(outputs)[0]
 
 
+def _inputs():
+  rng = np.random.default_rng(1)
+  return (jnp.asarray(rng.normal(size=(6, 4)), jnp.float32),
+          jnp.arange(1.0, 7.0))
+
+
 class PipelineTest(parameterized.TestCase):
 
-  @parameterized.product(stages=(1, 2, 3), microbatches=(1, 2, 6))
-  def test_gpipe_equals_the_stages_in_sequence(self, stages, microbatches):
-    params = _params(stages)
-    rng = np.random.default_rng(1)
-    inputs = (jnp.asarray(rng.normal(size=(6, 4)), jnp.float32),
-              jnp.arange(1.0, 7.0))
+  @parameterized.parameters(
+      # GPipe, including fewer microbatches than stages.
+      (1, 1, 1), (1, 1, 6), (2, 1, 1), (2, 1, 2), (3, 1, 2), (3, 1, 6),
+      # Circular: microbatches == stages (no wait between passes) and more
+      # (finished passes wait in the microbatch buffer), a multiple of the
+      # stages or not.
+      (2, 2, 2), (2, 2, 3), (2, 3, 6), (3, 2, 3), (3, 2, 6), (1, 3, 2))
+  def test_schedule_equals_the_chunks_in_sequence(self, stages, repeats,
+                                                  microbatches):
+    params = _params(stages, repeats)
+    inputs = _inputs()
     np.testing.assert_allclose(_piped(params, inputs, microbatches),
                                _sequential(params, inputs), rtol=1e-6)
 
@@ -55,6 +73,13 @@ class PipelineTest(parameterized.TestCase):
                                                          atol=1e-4),
                  grads(lambda p, x: _piped(p, x, microbatches)),
                  grads(_sequential))
+
+  def test_circular_needs_a_microbatch_per_stage(self):
+    with self.assertRaisesRegex(
+        ValueError, "needs at least as many microbatches as stages: 2"
+        " microbatches < 3 stages \\(with 2 repeats\\); set"
+        " model.pipeline_microbatches to 3 or more"):
+      _piped(_params(3, 2), _inputs(), 2)
 
   def test_microbatches_interleave_rows(self):
     x_B = np.arange(6)

@@ -12,13 +12,20 @@ Layouts of the blocks' parameters:
   scan_layers=False: an `nnx.List` of `Block`s, one per layer.
 
 Pipeline parallelism (`cfg.pipeline_stages` = S > 1, training only): the
-stacked layers are viewed as [S, layers per stage] (their leading "layers"
-axis is sharded over the `stage` mesh axis, so this is free) and run as a
-GPipe schedule over `cfg.pipeline_microbatches` slices of the batch
-(`maxtext.layers.pipeline`); each row's positions and segment ids travel
-with it through the stages. Within a stage the layers run as above. Every
-stage has the same layer pattern (`ModelConfig` checks it). With a KV cache
-(decoding) the layers run without the pipeline.
+stacked layers are cut into S * R chunks (R = `cfg.pipeline_repeats`) viewed
+as [S, R, layers per chunk], chunk r S + s at [s, r], and run as a GPipe
+(R = 1) or circular (R > 1) schedule over `cfg.pipeline_microbatches`
+slices of the batch (`maxtext.layers.pipeline`); each row's positions and
+segment ids travel with it through the stages. The leading "layers" axis is
+sharded over the `stage` mesh axis in contiguous blocks, so for R = 1 the
+view is free; for R > 1 it moves each stage's chunks to it once per call
+(an all-to-all over `stage`, outside the schedule's loop). When every chunk
+has the same local/global pattern, a chunk runs as above; otherwise each
+layer's window is data indexed by stage and pass, and the layer switches
+between the distinct windows (under the vmap over stages every branch is
+computed, so such layers cost about one block per distinct window: prefer
+stage and repeat counts that give every chunk the same pattern). With a KV
+cache (decoding) the layers run without the pipeline.
 
 Each block runs under the remat policy `cfg.remat_policy`
 (`maxtext.layers.remat`). The residual stream is constrained to the logical
@@ -318,31 +325,90 @@ class Decoder(nnx.Module):
             jax.tree.map(lambda *a: jnp.stack(a), *auxes))
 
   def _pipeline_blocks(self, x_BLD, positions_BL, segment_ids_BL, windows):
-    """The stacked blocks as a GPipe pipeline of `cfg.pipeline_stages`."""
+    """The stacked blocks as a pipeline of `cfg.pipeline_stages` stages,
+    each passed `cfg.pipeline_repeats` times (`pipeline.circular`)."""
     cfg = self.cfg
-    stages = cfg.pipeline_stages
+    stages, repeats = cfg.pipeline_stages, cfg.pipeline_repeats
+    chunk = cfg.num_layers // (stages * repeats)
     graphdef, stacked = nnx.split(self.blocks)
-    stage_state = jax.tree.map(
-        lambda a: a.reshape(stages, -1, *a.shape[1:]), stacked)
-    stage_windows = windows[:cfg.num_layers // stages]
+    stage_state = _chunks_by_stage(stacked, stages, repeats)
+    chunk_windows = windows[:chunk]
+    distinct = tuple(dict.fromkeys(windows))
+    if windows == chunk_windows * (stages * repeats):
+      kinds_SRC = None  # Every chunk has the same pattern: static windows.
+    else:
+      # Each layer's window as data: an index into the distinct windows.
+      kinds_SRC = jnp.asarray(
+          [distinct.index(w) for w in windows], jnp.int32
+      ).reshape(repeats, stages, chunk).swapaxes(0, 1)
 
-    def stage_fn(state, microbatch):
+    def stage_fn(params, microbatch):
+      state, kinds_C = params
       x_BLD, positions_BL, segment_ids_BL = microbatch
       run_block = _block_runner(cfg, positions_BL, segment_ids_BL,
                                 cached=False)
-      x_BLD, _, _ = _scan_blocks(graphdef, state, x_BLD, stage_windows,
-                                 run_block, None)
+      if kinds_C is None:
+        x_BLD, _, _ = _scan_blocks(graphdef, state, x_BLD, chunk_windows,
+                                   run_block, None)
+      else:
+        def layer_step(x_BLD, layer):
+          layer_state, kind = layer
+          return _switch_window(run_block, nnx.merge(graphdef, layer_state),
+                                x_BLD, distinct, kind), None
+
+        x_BLD, _ = jax.lax.scan(layer_step, x_BLD, (state, kinds_C))
       return x_BLD, positions_BL, segment_ids_BL
 
     microbatches = cfg.pipeline_microbatches or stages
     inputs = pipeline.split_microbatches(
         (x_BLD, positions_BL, segment_ids_BL), microbatches)
     row_names = (axes.BATCH, axes.LENGTH)
-    x_BLD, _, _ = pipeline.merge_microbatches(pipeline.gpipe(
-        stage_fn, stage_state, inputs,
+    x_BLD, _, _ = pipeline.merge_microbatches(pipeline.circular(
+        stage_fn, (stage_state, kinds_SRC), inputs,
         names=(_RESIDUAL, row_names,
                None if segment_ids_BL is None else row_names)))
     return axes.constrain(x_BLD, _RESIDUAL)
+
+
+def _chunks_by_stage(stacked, stages: int, repeats: int):
+  """Stacked layer state [L, ...] as [S, R, C, ...]: layer (r S + s) C + l
+  at [s, r, l], stage s's chunk for pass r.
+
+  Both ends keep the parameter layout (S over `stage`) under
+  `axes.activation_sharding`, so XLA moves each stage's chunks to it, and
+  their gradients back, with one all-to-all (without the first constraint
+  the gradients come back all-gathered) and the schedule's loop never moves
+  weights. Free for R = 1.
+  """
+  rules = axes.current_constrainer()
+
+  def layout(a, names):
+    if rules is None:
+      return a
+    return jax.lax.with_sharding_constraint(
+        a, rules.param_sharding(names, a.shape))
+
+  def to_stages(a, names):
+    names = tuple(names)
+    a_RSC = layout(a, names).reshape(repeats, stages, -1, *a.shape[1:])
+    return layout(a_RSC.swapaxes(0, 1), (axes.LAYERS, None, None, *names[1:]))
+
+  return jax.tree.map(
+      to_stages, stacked, nnx.get_partition_spec(stacked),
+      is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+
+
+def _switch_window(run_block, block, x_BLD, windows, kind):
+  """`block` on `x_BLD` with window `windows[kind]`, `kind` traced.
+
+  Each window is a static branch (its kernel and rotary); under the
+  pipeline's vmap over stages `kind` differs per stage, so every branch is
+  computed and the stage's own selected.
+  """
+  branches = [lambda x_BLD, window=window: run_block(block, x_BLD, window,
+                                                     None)[0]
+              for window in windows]
+  return jax.lax.switch(kind, branches, x_BLD)
 
 
 def _block_runner(cfg: ModelConfig, positions_BL: jax.Array,
@@ -425,21 +491,24 @@ def _scan_blocks(graphdef, stacked, x_BLD, windows, run_block, cache):
     return jax.tree.map(lambda *a: jnp.stack(a), *caches)
 
   def group_step(x_BLD, group):
-    group_state, group_cache = group
     caches, auxes = [], []
-    for offset in range(period):
-      x_BLD, layer_cache, aux = run_block(layer(group_state, offset), x_BLD,
-                                          windows[offset],
-                                          at(group_cache, offset))
+    for offset, (layer_state, layer_cache) in enumerate(group):
+      x_BLD, layer_cache, aux = run_block(nnx.merge(graphdef, layer_state),
+                                          x_BLD, windows[offset],
+                                          layer_cache)
       caches.append(layer_cache)
       auxes.append(aux)
     return x_BLD, (stack(caches), stack(auxes))
 
-  def grouped(a):
-    return a[:num_groups * period].reshape(num_groups, period, *a.shape[1:])
+  def strided(tree, offset):
+    return jax.tree.map(lambda a: a[offset:num_groups * period:period], tree)
 
+  # The scan hands each layer its parameters unsliced ([num_groups, ...] per
+  # offset in the group): autodiff then keeps them as residuals by reference
+  # instead of stacking a copy of every weight in the forward pass.
   x_BLD, scanned = jax.lax.scan(
-      group_step, x_BLD, jax.tree.map(grouped, (stacked, cache)))
+      group_step, x_BLD,
+      tuple(strided((stacked, cache), offset) for offset in range(period)))
   outputs = [jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), scanned)]
   for index in range(num_groups * period, len(windows)):
     x_BLD, layer_cache, aux = run_block(layer(stacked, index), x_BLD,

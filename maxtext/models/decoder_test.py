@@ -145,7 +145,9 @@ class DecoderTest(parameterized.TestCase):
         np.abs(_logits(model, tokens)[:, 10] -
                _logits(model, changed)[:, 10]).max(), 1e-4)
 
+  # Gemma 3 on 4 stages: stages of one local or one global layer.
   @parameterized.parameters(("gemma3", 2, 0, "none"), ("gemma3", 2, 4, "full"),
+                            ("gemma3", 4, 4, "full"),
                             ("llama3", 4, 2, "minimal"))
   def test_pipeline_equals_the_plain_layer_scan(self, family, stages,
                                                 microbatches, remat_policy):
@@ -188,12 +190,19 @@ class DecoderTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "needs scan_layers=True"):
       dataclasses.replace(_CONFIGS["llama3"](), num_layers=4,
                           pipeline_stages=2, scan_layers=False)
-    # Gemma 3's 6-layer pattern cut into stages of 3 layers.
     with self.assertRaisesRegex(
-        ValueError, "stages of 3 layers would have different local/global"
-        " layer patterns.*multiple of global_layer_interval=2"):
-      dataclasses.replace(_CONFIGS["gemma3"](), num_layers=6,
-                          pipeline_stages=2)
+        ValueError, r"pipeline_repeats=4 is invalid: pipeline_stages=2 \*"
+        r" pipeline_repeats must divide num_layers=6; valid repeats: \[1,"
+        r" 3\]"):
+      dataclasses.replace(_CONFIGS["llama3"](), num_layers=6,
+                          pipeline_stages=2, pipeline_repeats=4)
+    with self.assertRaisesRegex(
+        ValueError, "pipeline_microbatches=1 is invalid: the circular"
+        " schedule \(pipeline_repeats=2\) needs at least pipeline_stages=2"
+        " microbatches"):
+      dataclasses.replace(_CONFIGS["llama3"](), num_layers=4,
+                          pipeline_stages=2, pipeline_repeats=2,
+                          pipeline_microbatches=1)
     with self.assertRaisesRegex(ValueError, "pipeline_microbatches=-1"):
       _CONFIGS["llama3"](pipeline_microbatches=-1)
 
