@@ -23,6 +23,7 @@ from tunix.sft import peft_trainer
 
 from maxtext.aot import compile_sft
 from maxtext.aot import compile_step
+from maxtext.aot import compile_tunix
 from maxtext.aot import topology
 from maxtext.data import pipeline
 from maxtext.posttrain import base_model
@@ -77,7 +78,7 @@ class CompileSftTest(parameterized.TestCase):
       # optimizer (the model included).
       model, optimizer = compiled.merge(jax.tree.map(
           jnp.copy, nnx.state((trainer.model, trainer.optimizer))))
-      batch = jax.device_put(batch, compiled.batch_sharding)
+      batch = compiled.put(batch)
       jitted, _ = trainer.jit_train_and_eval_step()
       want_loss, _, want_norm = jitted(batch)
       got_loss, _, got_norm = compiled.nnx_compiled(model, optimizer, batch)
@@ -92,7 +93,7 @@ class CompileSftTest(parameterized.TestCase):
     config = self._config()
     hardware = topology.make_devices(topology.parse_topology("v5e:2x2"))
     compiled = compile_sft.compile_sft_step(config, hardware)
-    report = compile_sft.analyse(compiled)
+    report = compile_tunix.analyse(compiled)
     self.assertTrue(report.fits)
     self.assertGreater(report.xla_flops, 0)
     self.assertIn("all-gather", report.collectives)

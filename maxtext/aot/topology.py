@@ -24,7 +24,10 @@ and jax-cuda12-plugin at jax's version, without the CUDA libraries), which
 loads on a CPU-only host while JAX's platforms are "cpu"
 (`configure_backend`); hosts beyond the first differ in `process_index`
 only (no `slice_index`), so `mesh.dcn` sizes stay 1 and the mesh spans all
-hosts' GPUs.
+hosts' GPUs. Under Bazel the plugin is `//maxtext/aot:cuda_plugin`
+(@pypi_gpu); cuDNN attention also needs cuDNN's library, which JAX asks for
+its version while tracing (`//maxtext/aot:cuda_plugin_cudnn`), and
+`//maxtext/bin:aot_compile_gpu` has both.
 """
 
 import dataclasses
@@ -365,8 +368,10 @@ def _compile_only_gpus(target: Target) -> list[Any]:
         " They need jax's CUDA PJRT plugin, the packages jax-cuda12-pjrt and"
         f" jax-cuda12-plugin at jax's version ({jax.__version__}; no GPU and"
         " no CUDA libraries needed), and JAX on the CPU platform"
-        " (JAX_PLATFORMS=cpu, which aot_compile sets). Without them use"
-        " gpu:N on a host with N GPUs, or a TPU or cpu:N target.") from e
+        " (JAX_PLATFORMS=cpu, which aot_compile sets); under Bazel run"
+        " //maxtext/bin:aot_compile_gpu or depend on"
+        " //maxtext/aot:cuda_plugin. Without them use gpu:N on a host with"
+        " N GPUs, or a TPU or cpu:N target.") from e
   return list(topology.devices)
 
 

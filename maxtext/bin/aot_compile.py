@@ -26,6 +26,16 @@ adapters and optimizer, as `sft` builds them:
   tools/bazel run //maxtext/bin:aot_compile -- --config=configs/sft.py:lora \
       --config.train.load=ckpts/llama3_8b --topology=v5e-16
 
+An RL config (configs/grpo.py, recognised by its rl section) compiles the
+GRPO policy update: the actor step of Tunix's GRPOLearner on one batch of
+rollout shapes (prompts x rl.num_generations completions of
+rollout.max_prompt_length + rollout.max_new_tokens tokens); the sampling is
+not part of it:
+
+  tools/bazel run //maxtext/bin:aot_compile -- \
+      --config=configs/grpo.py:smollm2 --config.train.load=ckpts/smollm2 \
+      --config.data.files=unread.jsonl --topology=v5e-4
+
 --save=FILE writes the compiled step for `train --compiled=FILE`, which
 refuses a file compiled for another config or topology. --sweep compiles
 several mesh layouts and remat policies and prints them ranked by fit and
@@ -37,14 +47,17 @@ import sys
 from absl import app
 from absl import flags
 
+from maxtext.aot import compile_grpo
 from maxtext.aot import compile_sft
 from maxtext.aot import compile_step
+from maxtext.aot import compile_tunix
 from maxtext.aot import saved_step
 from maxtext.aot import sweep as sweep_lib
 from maxtext.aot import topology as topology_lib
 from maxtext.common import cli
 from maxtext.posttrain import runtime as runtime_lib
 from maxtext.posttrain.config import PosttrainConfig
+from maxtext.rl.config import RlRunConfig
 from maxtext.sharding import report as report_lib
 from maxtext.trainers import config_flag
 from maxtext.trainers import workdir as workdir_lib
@@ -104,17 +117,23 @@ def _compile(experiment: ExperimentConfig,
     print(f"Saved the compiled step to {path}.")
 
 
-def _compile_sft(config, hardware: topology_lib.Hardware) -> None:
+def _compile_posttrain(config, hardware: topology_lib.Hardware) -> None:
+  """Compiles the sft step of a post-training config or the GRPO step of
+  an RL one (it has an `rl` section)."""
   if _SAVE.value or _SWEEP.value or _PARAMETERS.value:
     raise ValueError("--save, --sweep and --parameters work with the train"
-                     " step; for the sft step drop them.")
+                     " step; for the sft and grpo steps drop them.")
   runtime_lib.resolve_user_paths(config)
-  step = compile_sft.compile_sft_step(PosttrainConfig.from_config_dict(config),
-                                      hardware)
-  report = compile_sft.analyse(step)
-  print(compile_step.format_report(report, step.step,
-                                   title="Sft step (Tunix PeftTrainer)"),
-        end="")
+  if "rl" in config:
+    step = compile_grpo.compile_grpo_step(
+        RlRunConfig.from_config_dict(config), hardware)
+    title = "GRPO step (Tunix GRPOLearner actor)"
+  else:
+    step = compile_sft.compile_sft_step(
+        PosttrainConfig.from_config_dict(config), hardware)
+    title = "Sft step (Tunix PeftTrainer)"
+  report = compile_tunix.analyse(step)
+  print(compile_step.format_report(report, step.step, title=title), end="")
   compile_step.check_fits(report, hardware.target.name)
 
 
@@ -125,8 +144,8 @@ def main(argv: list[str]) -> None:
     target = topology_lib.parse_topology(_TOPOLOGY.value, _NUM_SLICES.value)
     topology_lib.configure_backend(target)
     hardware = topology_lib.make_devices(target)
-    if "method" in _CONFIG.value.train:  # A post-training config.
-      _compile_sft(_CONFIG.value, hardware)
+    if "method" in _CONFIG.value.train or "rl" in _CONFIG.value:
+      _compile_posttrain(_CONFIG.value, hardware)
       return
     experiment = ExperimentConfig.from_config_dict(_CONFIG.value)
     if _SAVE.value:

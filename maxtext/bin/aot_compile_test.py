@@ -1,5 +1,6 @@
 """Tests the aot_compile binary: report, fit check, --save (and `train
---compiled` running the saved step) and --sweep.
+--compiled` running the saved step), --sweep, and the sft and grpo steps of
+post-training configs.
 
 Runs `python -m maxtext.bin.aot_compile` as a child process (the config flag
 is parsed once per process). Needs libtpu.
@@ -139,6 +140,15 @@ class AotCompileTest(absltest.TestCase):
     self.assertEqual(result.returncode, 1)
     self.assertIn("--save, --sweep and --parameters work with the train step",
                   result.stderr)
+
+  def test_grpo_config_compiles_the_grpo_step(self):
+    grpo_config = (f"--config={os.path.join(_ROOT, 'configs', 'grpo.py')}",
+                   "--config.mesh.ici.data=1", "--config.mesh.ici.fsdp=-1")
+    result = _run("--topology=v5e:2x2", config=grpo_config)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn("GRPO step (Tunix GRPOLearner actor) on v5e:2x2: 4 x TPU"
+                  " v5 lite, mesh fsdp=4;", result.stdout)
+    self.assertRegex(result.stdout, r"fits: \d+\.\d% of v5e HBM\.")
 
   def test_bad_topology_is_one_line(self):
     result = _run("--topology=v9-8")

@@ -8,7 +8,7 @@ writers (`maxtext.metrics.writers`: the log, <workdir>/metrics.jsonl and
 TensorBoard) as `train/<name>` and `eval/<name>`, one line per update.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 import contextlib
 import dataclasses
 import os
@@ -118,14 +118,16 @@ class Runtime:
     return tuple(self.rules.batch_sharding((rows, length)).spec)
 
 
-def make_runtime(config: PosttrainConfig) -> Runtime:
-  """The mesh and rules of `config`.
+def make_runtime(config: PosttrainConfig,
+                 devices: Sequence[jax.Device] | None = None) -> Runtime:
+  """The mesh and rules of `config` over `devices` (default: all; e.g. a
+  compile-only TPU slice's, or the trainer's share of them).
 
   Raises:
     ValueError: the mesh does not fit the devices, or a microbatch does not
       split over the batch shards.
   """
-  mesh = mesh_lib.make_mesh(config.mesh)
+  mesh = mesh_lib.make_mesh(config.mesh, devices)
   rules = rules_lib.LogicalRules.from_config(mesh, config.sharding)
   if config.train.rows % rules.batch_shards():
     raise ValueError(

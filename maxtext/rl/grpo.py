@@ -32,6 +32,7 @@ import os
 import random
 import shutil
 from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Any
 
 from absl import logging
@@ -57,7 +58,6 @@ from maxtext.rl import toy_task
 from maxtext.rl.config import RlRunConfig
 from maxtext.rl.config import TOY_SOURCE
 from maxtext.sharding import mesh as mesh_lib
-from maxtext.sharding import rules as rules_lib
 from maxtext.trainers import workdir as workdir_lib
 
 TOY_DIRNAME = "toy"
@@ -86,6 +86,20 @@ def _data(config: RlRunConfig, workdir: str) -> RlRunConfig:
   data = dataclasses.replace(config.data, source="jsonl", files=files,
                              tokenizer=tokenizer, columns=("answer",))
   return dataclasses.replace(config, data=data)
+
+
+def tokenizer_path(config: RlRunConfig) -> str:
+  """`data.tokenizer`, else the starting checkpoint's tokenizer.json.
+
+  Raises:
+    ValueError: both `data.tokenizer` and `train.load` are empty.
+  """
+  if config.data.tokenizer:
+    return config.data.tokenizer
+  if not config.train.load:
+    raise ValueError("data.tokenizer is empty and so is train.load: give"
+                     " the tokenizer of a model trained from scratch.")
+  return os.path.join(config.train.load, "tokenizer.json")
 
 
 def _start_checkpoint(config: RlRunConfig, workdir: str,
@@ -154,23 +168,32 @@ def _eval_batches(records: list[dict[str, Any]],
           for i in range(0, len(records) - batch_size + 1, batch_size)]
 
 
+def trainer_devices(config: RlRunConfig,
+                    devices: Sequence[jax.Device]) -> list[jax.Device]:
+  """The devices of the trainer's mesh: all of `devices` but the last
+  `rollout.devices` (the rollout's own, when that is not 0).
+
+  Raises:
+    ValueError: `rollout.devices` leaves the trainer no device.
+  """
+  split = config.rollout.devices
+  if split >= len(devices):
+    raise ValueError(f"rollout.devices={split} leaves no trainer device of"
+                     f" the {len(devices)} ({devices[0].device_kind}); use"
+                     " 0 (shared) or fewer.")
+  return list(devices)[:len(devices) - split]
+
+
 def _meshes(config: RlRunConfig) -> tuple[runtime_lib.Runtime,
                                           jax.sharding.Mesh]:
   """The trainer's runtime and the rollout mesh (`rollout.devices`)."""
-  split = config.rollout.devices
-  if not split:
-    runtime = runtime_lib.make_runtime(config)
-    return runtime, runtime.mesh
   devices = jax.devices()
-  if split >= len(devices):
-    raise ValueError(f"rollout.devices={split} leaves no trainer device of"
-                     f" the {len(devices)}; use 0 (shared) or fewer.")
-  mesh = mesh_lib.make_mesh(config.mesh, devices[:-split])
-  rollout_mesh = mesh_lib.make_mesh(mesh_lib.MeshConfig(), devices[-split:])
-  runtime = runtime_lib.Runtime(
-      mesh=mesh, rules=rules_lib.LogicalRules.from_config(mesh,
-                                                          config.sharding))
-  return runtime, rollout_mesh
+  trainer = trainer_devices(config, devices)
+  runtime = runtime_lib.make_runtime(config, devices=trainer)
+  if not config.rollout.devices:
+    return runtime, runtime.mesh
+  return runtime, mesh_lib.make_mesh(mesh_lib.MeshConfig(),
+                                     devices[len(trainer):])
 
 
 def rollout_engine(config: RlRunConfig, workdir: str) -> Any:
@@ -234,29 +257,44 @@ def _metric_fns(reward_fns, cluster: rl_cluster_lib.RLCluster):
 def run_grpo(config: RlRunConfig, workdir: str) -> runtime_lib.RunResult:
   """Trains `train.load` (or a model from scratch) with GRPO/GSPO."""
   config = _data(config, workdir)
-  if not config.data.tokenizer:
-    if not config.train.load:
-      raise ValueError("data.tokenizer is empty and so is train.load: give"
-                       " the tokenizer of a model trained from scratch.")
-    config = dataclasses.replace(config, data=dataclasses.replace(
-        config.data, tokenizer=os.path.join(config.train.load,
-                                            "tokenizer.json")))
+  config = dataclasses.replace(config, data=dataclasses.replace(
+      config.data, tokenizer=tokenizer_path(config)))
   tokenizer = tokenizer_lib.load_tokenizer(config.data.tokenizer)
   rl_tokenizer = policy_lib.RlTokenizer(tokenizer)
   runtime, rollout_mesh = _meshes(config)
   load = _start_checkpoint(config, workdir, tokenizer.vocab_size)
-  loaded = base_model.load_model(load, lora=config.lora,
-                                 seed=config.train.seed, rules=runtime.rules)
-  reference = None
-  if config.rl.beta:
-    reference = policy_lib.PolicyModel.of(
-        base_model.load_model(load, rules=runtime.rules).model)
   records = _prompts(config, tokenizer, config.data.files)
   eval_data = None
   if config.data.eval_every_steps:
     eval_data = _eval_batches(
         _prompts(config, tokenizer, config.data.eval_files),
         config.train.batch_size)
+  learner, loaded = make_learner(config, workdir, load=load, runtime=runtime,
+                                 rollout_mesh=rollout_mesh,
+                                 tokenizer=rl_tokenizer)
+  with runtime.activate():
+    learner.train(train_batches(records, config.train.batch_size,
+                                config.data.shuffle_seed), eval_data)
+  # The actor trained the decoder `loaded` holds, unless Tunix moved it.
+  actor_trainer = learner.rl_cluster.actor_trainer
+  nnx.update(loaded.model.model, nnx.state(actor_trainer.model.model))
+  return runtime_lib.finish(config, workdir, loaded, actor_trainer)
+
+
+def make_learner(config: RlRunConfig, workdir: str, *, load: str,
+                 runtime: runtime_lib.Runtime,
+                 rollout_mesh: jax.sharding.Mesh,
+                 tokenizer: policy_lib.RlTokenizer
+                 ) -> tuple[grpo_learner.GRPOLearner, base_model.LoadedModel]:
+  """Tunix's GRPO learner of `config` on the checkpoint `load` (its policy,
+  reference when `rl.beta` > 0, rollout engine, rewards and metrics), and
+  the loaded policy model."""
+  loaded = base_model.load_model(load, lora=config.lora,
+                                 seed=config.train.seed, rules=runtime.rules)
+  reference = None
+  if config.rl.beta:
+    reference = policy_lib.PolicyModel.of(
+        base_model.load_model(load, rules=runtime.rules).model)
   r = config.rollout
   training = runtime_lib.training_config(
       config, workdir, runtime, r.max_prompt_length + r.max_new_tokens,
@@ -273,22 +311,17 @@ def run_grpo(config: RlRunConfig, workdir: str) -> runtime_lib.RunResult:
                     roles.ROLLOUT: rollout_mesh},
       rollout_engine=rollout_engine(config, workdir),
       training_config=training,
-      rollout_config=rollout_config(config, rl_tokenizer))
+      rollout_config=rollout_config(config, tokenizer))
   reward_fns = rewards_lib.make_reward_fns(config.rl.rewards,
                                            max_words=config.rl.max_words)
   with runtime.activate():
     cluster = rl_cluster_lib.RLCluster(
         actor=policy_lib.PolicyModel.of(loaded.model), reference=reference,
-        tokenizer=rl_tokenizer, cluster_config=cluster_config)
+        tokenizer=tokenizer, cluster_config=cluster_config)
     learner = grpo_learner.GRPOLearner(
         cluster, grpo_config(config), reward_fns,
         metric_fns=_metric_fns(reward_fns, cluster))
-    learner.train(train_batches(records, config.train.batch_size,
-                                config.data.shuffle_seed), eval_data)
-  # The actor trained the decoder `loaded` holds, unless Tunix moved it.
-  nnx.update(loaded.model.model,
-             nnx.state(cluster.actor_trainer.model.model))
-  return runtime_lib.finish(config, workdir, loaded, cluster.actor_trainer)
+  return learner, loaded
 
 
 def run(config: ml_collections.ConfigDict,

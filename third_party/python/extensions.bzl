@@ -9,5 +9,5 @@ def _python_deps_impl(_module_ctx):
 
 python_deps = module_extension(
     implementation = _python_deps_impl,
-    doc = "@python_host, @pypi, @pypi_test, @pypi_vllm and the bundled data archives.",
+    doc = "@python_host, @pypi, @pypi_test, @pypi_vllm, @pypi_gpu, @pypi_gpu_cudnn and the bundled data archives.",
 )

