@@ -1,12 +1,14 @@
-r"""Our trainer against Google's MaxText on the `tiny` shape, alternating.
+r"""Our trainer against Google's MaxText on issue #14's shapes, alternating.
 
-Runs, `--rounds` times and for each `--dtypes` entry, first our
-`perf_compare --shapes=tiny` and then MaxText's trainer on the same shape
-(a Llama decoder: emb 256, 4 query and 4 kv heads of 64, MLP 1024, 2 layers,
-vocab 32000, seq 256, batch 8 on one device, random tokens), each in its own
-process so that both see the same machine load, and prints both programs'
-median step time, tokens/s and compile seconds and the ratios ours over
-MaxText's of tokens/s (target >= 1.25) and compile seconds (target <= 0.5).
+Runs, `--rounds` times and for each `--shapes` and `--dtypes` entry, first
+our `perf_compare` and then MaxText's trainer on the same shape
+(`shapes.SHAPES`: a Llama decoder, random tokens; `tiny` at global batch 8,
+`small` at `--small_batch`) on `--devices` CPU devices (more than one: fake
+host devices, FSDP over all of them in both programs, MaxText's default
+mesh), each in its own process so that both see the same machine load, and
+prints both programs' median step time, tokens/s and compile seconds and
+the ratios ours over MaxText's of tokens/s (target >= 1.25) and compile
+seconds (target <= 0.5).
 
 MaxText (PyPI `maxtext`, Python >= 3.12) runs from its own virtualenv
 outside this repository, made on first use with `--python` and pip. Its
@@ -14,13 +16,16 @@ compile seconds are the tracing, lowering and XLA compilation of its
 `train_step` as `jax_log_compiles` reports them, summed over its
 compilations (their number is printed too), with a fresh persistent
 compilation cache per run (its default, ~/jax_cache, would make a second
-run's compilation a cache hit). MaxText keeps its default
-remat policy ("full"); ours is the config's ("none").
+run's compilation a cache hit). Ours are `pretrain.prepare`'s lowering
+(tracing included) and compilation of its one train step. MaxText keeps its
+default remat policy ("full"); ours is the config's ("none").
 
 Run from the repository root with the dev virtualenv (not under Bazel: it
 starts both programs as subprocesses):
 
   PYTHONPATH=. python tools/bench/maxtext_side_by_side.py --rounds=2
+  PYTHONPATH=. python tools/bench/maxtext_side_by_side.py --shapes=small \
+      --dtypes=float32 --devices=8 --small_batch=8 --steps=3
 """
 
 import os
@@ -32,6 +37,8 @@ import tempfile
 
 from absl import app
 from absl import flags
+
+from tools.bench import shapes as shapes_lib
 
 _VENV = flags.DEFINE_string("venv", "/tmp/maxtext_venv",
                             "MaxText's virtualenv (made when missing).")
@@ -45,15 +52,23 @@ _STEPS = flags.DEFINE_integer("steps", 5, "Timed steps per run.",
                               lower_bound=2)
 _DTYPES = flags.DEFINE_list("dtypes", ["bfloat16", "float32"],
                             "Activation dtypes.")
+_SHAPES = flags.DEFINE_list("shapes", ["tiny"],
+                            f"Shapes, of {sorted(shapes_lib.SHAPES)}.")
+_SMALL_BATCH = flags.DEFINE_integer("small_batch", 2,
+                                    "Global batch of `small`.", lower_bound=1)
+_DEVICES = flags.DEFINE_integer(
+    "devices", 1, "CPU devices (fake host devices when more than one).",
+    lower_bound=1)
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-# MaxText's flags for the `tiny` shape (names from its configs/base.yml).
-_MAXTEXT_TINY = ("base_emb_dim=256", "base_num_query_heads=4",
-                 "base_num_kv_heads=4", "head_dim=64", "base_mlp_dim=1024",
-                 "base_num_decoder_layers=2", "vocab_size=32000",
-                 "max_target_length=256", "per_device_batch_size=8")
-_TOKENS_PER_STEP = 8 * 256
+# MaxText's names (its configs/base.yml) of the shapes' fields.
+_MAXTEXT_NAMES = {"embed_dim": "base_emb_dim",
+                  "num_heads": "base_num_query_heads",
+                  "num_kv_heads": "base_num_kv_heads", "head_dim": "head_dim",
+                  "mlp_dim": "base_mlp_dim",
+                  "num_layers": "base_num_decoder_layers",
+                  "vocab_size": "vocab_size", "seq_len": "max_target_length"}
 _OURS = re.compile(r"compile ([\d.]+) s, step ([\d.]+) s")
 _MAXTEXT_STEP = re.compile(r"completed step: (\d+), seconds: ([\d.]+)")
 _MAXTEXT_COMPILE = re.compile(
@@ -83,20 +98,36 @@ def _run(command: list[str], env: dict[str, str]) -> str:
   return output
 
 
-def run_ours(dtype: str) -> tuple[float, float, int]:
+def _device_env() -> dict[str, str]:
+  """The environment that gives a program `--devices` CPU devices."""
+  if _DEVICES.value == 1:
+    return {}
+  return {"XLA_FLAGS": " ".join([
+      os.environ.get("XLA_FLAGS", ""),
+      f"--xla_force_host_platform_device_count={_DEVICES.value}"]).strip()}
+
+
+def run_ours(shape: str, dtype: str) -> tuple[float, float, int]:
   """(median step seconds, compile seconds, compilations) of our trainer."""
   output = _run([sys.executable, "-m", "tools.bench.perf_compare",
-                 "--shapes=tiny", f"--dtypes={dtype}",
-                 f"--steps={_STEPS.value}"], {"PYTHONPATH": _REPO})
+                 f"--shapes={shape}", f"--dtypes={dtype}",
+                 f"--small_batch={_SMALL_BATCH.value}",
+                 f"--fsdp={_DEVICES.value > 1}", f"--steps={_STEPS.value}"],
+                {"PYTHONPATH": _REPO, **_device_env()})
   match = _OURS.search(output)
   if match is None:
     raise RuntimeError(f"No figures in perf_compare's output:\n{output}")
   return float(match.group(2)), float(match.group(1)), 1
 
 
-def run_maxtext(python: str, dtype: str) -> tuple[float, float, int]:
+def run_maxtext(python: str, shape: str,
+                dtype: str) -> tuple[float, float, int]:
   """(median step seconds, compile seconds, compilations) of MaxText."""
   steps = _STEPS.value + 2  # Steps 0 and 1 include compilation and warm-up.
+  shape_flags = [f"{_MAXTEXT_NAMES[name]}={value}"
+                 for name, value in shapes_lib.SHAPES[shape].items()]
+  per_device_batch = (shapes_lib.global_batch(shape, _SMALL_BATCH.value)
+                      / _DEVICES.value)
   with tempfile.TemporaryDirectory() as out:
     output = _run([
         python, "-m", "maxtext.trainers.pre_train.train",
@@ -108,9 +139,9 @@ def run_maxtext(python: str, dtype: str) -> tuple[float, float, int]:
         "dataset_type=synthetic", "attention=dot_product",
         "enable_checkpointing=false", "skip_jax_distributed_system=true",
         "enable_tensorboard=false", f"steps={steps}", f"dtype={dtype}",
-        *_MAXTEXT_TINY,
+        f"per_device_batch_size={per_device_batch:g}", *shape_flags,
     ], {"DECOUPLE_GCLOUD": "TRUE", "JAX_LOG_COMPILES": "1",
-        "JAX_PLATFORMS": "cpu"})
+        "JAX_PLATFORMS": "cpu", **_device_env()})
   step_seconds = {int(s): float(t) for s, t in _MAXTEXT_STEP.findall(output)}
   timed = [t for s, t in step_seconds.items() if s >= 2]
   if not timed:
@@ -127,18 +158,22 @@ def main(argv: list[str]) -> None:
   python = _ensure_venv()
   print(f"load average before: {os.getloadavg()}")
   for round_index in range(_ROUNDS.value):
-    for dtype in _DTYPES.value:
-      ours = run_ours(dtype)
-      theirs = run_maxtext(python, dtype)
-      for name, (step_s, compile_s, compiles) in (("ours", ours),
-                                                  ("maxtext", theirs)):
-        print(f"round {round_index + 1} {dtype} {name}: step {step_s:.4f} s,"
-              f" {_TOKENS_PER_STEP / step_s:.1f} tokens/s, compile"
-              f" {compile_s:.2f} s in {compiles} compilation(s)")
-      print(f"round {round_index + 1} {dtype} ratios: tokens/s"
-            f" {theirs[0] / ours[0]:.2f}x MaxText's, compile time"
-            f" {ours[1] / theirs[1]:.2f}x MaxText's; load average"
-            f" {os.getloadavg()}")
+    for shape in _SHAPES.value:
+      tokens_per_step = (shapes_lib.global_batch(shape, _SMALL_BATCH.value)
+                         * shapes_lib.SHAPES[shape]["seq_len"])
+      for dtype in _DTYPES.value:
+        run = (f"round {round_index + 1} {shape} {dtype} {_DEVICES.value}"
+               " device(s)")
+        ours = run_ours(shape, dtype)
+        theirs = run_maxtext(python, shape, dtype)
+        for name, (step_s, compile_s, compiles) in (("ours", ours),
+                                                    ("maxtext", theirs)):
+          print(f"{run} {name}: step {step_s:.4f} s,"
+                f" {tokens_per_step / step_s:.1f} tokens/s, compile"
+                f" {compile_s:.2f} s in {compiles} compilation(s)")
+        print(f"{run} ratios: tokens/s {theirs[0] / ours[0]:.2f}x"
+              f" MaxText's, compile time {ours[1] / theirs[1]:.2f}x"
+              f" MaxText's; load average {os.getloadavg()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,10 @@
 r"""Training speed of issue #14's standard shapes, MFU against a measured peak.
 
-For each `--shapes` entry (a Llama, as MaxText's default decoder):
-
-  tiny   emb 256, 4 heads of 64, 4 kv heads, MLP 1024, 2 layers, vocab
-         32000, seq 256, global batch 8 (18.5M parameters)
-  small  emb 768, 12 heads of 64, 12 kv heads, MLP 3072, 6 layers, vocab
-         32000, seq 512, global batch `--small_batch` (about 106M)
-
-prints compile seconds, the median step time of `--steps` updates after
-`--warmup_steps`, tokens/s, model TFLOP/s and MFU per device (MFU against
-the matmul FLOP/s that `matmul_peak` measures right before, in the same
-dtype, for each of `--dtypes`), and peak memory. Random tokens
+For each `--shapes` entry (`shapes.SHAPES`; `small`'s global batch is
+`--small_batch`) prints compile seconds, the median step time of `--steps`
+updates after `--warmup_steps`, tokens/s, model TFLOP/s and MFU per device
+(MFU against the matmul FLOP/s that `matmul_peak` measures right before, in
+the same dtype, for each of `--dtypes`), and peak memory. Random tokens
 (data.source "synthetic"), no checkpoints. Figures only; on a shared
 machine run it alternately with whatever it is compared to:
 
@@ -26,23 +20,15 @@ from absl import app
 from absl import flags
 import jax
 
-from configs import llama3
 from maxtext.trainers import config as config_lib
 from maxtext.trainers import hooks
 from maxtext.trainers import pretrain
 from tools.bench import matmul_peak
 from tools.bench import memory
+from tools.bench import shapes as shapes_lib
 
-# The model and data fields each shape sets (`seq_len` goes to data).
-SHAPES = {
-    "tiny": dict(embed_dim=256, num_heads=4, num_kv_heads=4, head_dim=64,
-                 mlp_dim=1024, num_layers=2, vocab_size=32_000, seq_len=256),
-    "small": dict(embed_dim=768, num_heads=12, num_kv_heads=12, head_dim=64,
-                  mlp_dim=3072, num_layers=6, vocab_size=32_000, seq_len=512),
-}
-
-_SHAPES = flags.DEFINE_list("shapes", ["tiny"],
-                            f"Shapes to run, of {sorted(SHAPES)}.")
+_SHAPES = flags.DEFINE_list(
+    "shapes", ["tiny"], f"Shapes to run, of {sorted(shapes_lib.SHAPES)}.")
 _DTYPES = flags.DEFINE_list(
     "dtypes", ["float32"],
     "Activation dtypes, of float32 and bfloat16 (parameters stay float32).")
@@ -52,24 +38,9 @@ _WARMUP_STEPS = flags.DEFINE_integer("warmup_steps", 2,
                                      lower_bound=0)
 _SMALL_BATCH = flags.DEFINE_integer("small_batch", 8,
                                     "Global batch of `small`.", lower_bound=1)
-
-
-def experiment_config(shape: str, dtype: str,
-                      small_batch: int = 8) -> config_lib.ExperimentConfig:
-  """The experiment of standard shape `shape` in `dtype`.
-
-  Raises:
-    ValueError: an unknown shape (names the valid ones).
-  """
-  if shape not in SHAPES:
-    raise ValueError(f"Unknown shape {shape!r}; valid: {sorted(SHAPES)}.")
-  fields = dict(SHAPES[shape])
-  config = llama3.get_config()
-  config.data.seq_len = fields.pop("seq_len")
-  config.model.update(dict(fields, tie_embeddings=False, dtype=dtype))
-  config.data.source = "synthetic"
-  config.train.batch_size = 8 if shape == "tiny" else small_batch
-  return config_lib.ExperimentConfig.from_config_dict(config)
+_FSDP = flags.DEFINE_bool(
+    "fsdp", False, "Split parameters and batch over all devices (FSDP)"
+    " instead of data parallelism.")
 
 
 def measure(experiment: config_lib.ExperimentConfig, *, steps: int,
@@ -101,7 +72,8 @@ def main(argv: list[str]) -> None:
     print(f"devices {jax.device_count()} x {jax.devices()[0].device_kind};"
           f" measured {dtype} matmul peak {peak / 1e12:.4f} TFLOP/s/device")
     for shape in _SHAPES.value:
-      experiment = experiment_config(shape, dtype, _SMALL_BATCH.value)
+      experiment = shapes_lib.experiment_config(
+          shape, dtype, _SMALL_BATCH.value, fsdp=_FSDP.value)
       compile_s, step_s, throughput = measure(
           experiment, steps=_STEPS.value, warmup_steps=_WARMUP_STEPS.value)
       figures = dataclasses.replace(
