@@ -72,7 +72,7 @@ class CompileGrpoTest(parameterized.TestCase):
   def test_cpu_step_equals_tunix_jitted_step(self, variant, **lora):
     devices.require_devices(8)
     config = self._config(variant, **lora)
-    hardware = topology.make_devices(topology.parse_topology("cpu:8"))
+    hardware = topology.hardware_for("cpu:8")
     compiled = compile_grpo.compile_grpo_step(config, hardware)
 
     runtime = runtime_lib.make_runtime(config)
@@ -120,7 +120,7 @@ class CompileGrpoTest(parameterized.TestCase):
     config.mesh.ici.update(data=1, fsdp=-1)
     compiled = compile_grpo.compile_grpo_step(
         RlRunConfig.from_config_dict(config),
-        topology.make_devices(topology.parse_topology("v5e:2x2")))
+        topology.hardware_for("v5e:2x2"))
     report = compile_tunix.analyse(compiled)
     self.assertTrue(report.fits)
     self.assertGreater(report.xla_flops, 0)
@@ -136,14 +136,14 @@ class CompileGrpoTest(parameterized.TestCase):
     config.mesh.ici.update(data=1, fsdp=-1)
     compiled = compile_grpo.compile_grpo_step(
         RlRunConfig.from_config_dict(config),
-        topology.make_devices(topology.parse_topology("v5e:2x2")))
+        topology.hardware_for("v5e:2x2"))
     self.assertEqual(dict(compiled.step.mesh.shape)["fsdp"], 2)
     config.rollout.devices = 4
     with self.assertRaisesRegex(ValueError, r"rollout.devices=4 leaves no"
                                 r" trainer device of the 4 \(TPU v5"):
       compile_grpo.compile_grpo_step(
           RlRunConfig.from_config_dict(config),
-          topology.make_devices(topology.parse_topology("v5e:2x2")))
+          topology.hardware_for("v5e:2x2"))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ class CompileSftTest(parameterized.TestCase):
   def test_cpu_step_equals_tunix_jitted_step(self, **lora):
     devices.require_devices(8)
     config = self._config(**lora)
-    hardware = topology.make_devices(topology.parse_topology("cpu:8"))
+    hardware = topology.hardware_for("cpu:8")
     compiled = compile_sft.compile_sft_step(config, hardware)
 
     runtime = runtime_lib.make_runtime(config)
@@ -91,7 +91,7 @@ class CompileSftTest(parameterized.TestCase):
 
   def test_tpu_slice_compiles_on_this_host(self):
     config = self._config()
-    hardware = topology.make_devices(topology.parse_topology("v5e:2x2"))
+    hardware = topology.hardware_for("v5e:2x2")
     compiled = compile_sft.compile_sft_step(config, hardware)
     report = compile_tunix.analyse(compiled)
     self.assertTrue(report.fits)
@@ -106,8 +106,7 @@ class CompileSftTest(parameterized.TestCase):
         config, train=dataclasses.replace(config.train, method="dpo"))
     with self.assertRaisesRegex(ValueError, "train.method='dpo': aot_compile"
                                 " compiles the 'sft' post-training step"):
-      compile_sft.compile_sft_step(
-          dpo, topology.make_devices(topology.parse_topology("v5e:2x2")))
+      compile_sft.compile_sft_step(dpo, topology.hardware_for("v5e:2x2"))
 
 
 if __name__ == "__main__":

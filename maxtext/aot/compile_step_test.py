@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import llama3
+from maxtext.aot import aot_testing
 from maxtext.aot import compile_step
 from maxtext.aot import tiny_experiment
-from maxtext.aot import topology
 from maxtext.metrics import flops
 from maxtext.trainers import pretrain
 from maxtext.trainers import train_state as train_state_lib
@@ -31,12 +31,6 @@ def _device_bytes(tree) -> int:
       for leaf in jax.tree.leaves(tree))
 
 
-def _compile(experiment, name):
-  hardware = topology.make_devices(topology.parse_topology(name))
-  step = compile_step.compile_train_step(experiment, hardware)
-  return step, compile_step.analyse(step, experiment)
-
-
 class TpuCompileTest(absltest.TestCase):
 
   def test_fsdp_step_on_v5e_2x2(self):
@@ -46,7 +40,7 @@ class TpuCompileTest(absltest.TestCase):
     # off), which the extrapolation check below would flag.
     experiment = dataclasses.replace(experiment, model=dataclasses.replace(
         experiment.model, attention_impl="reference"))
-    step, report = _compile(experiment, "v5e:2x2")
+    step, report = aot_testing.compile_for(experiment, "v5e:2x2")
     self.assertEqual(step.hardware.device_kind, "TPU v5 lite")
     self.assertEqual(dict(step.mesh.shape)["fsdp"], 4)
     # The donated state is reused for the new state; TPU tiles pad arrays,
@@ -78,8 +72,8 @@ class TpuCompileTest(absltest.TestCase):
     self.assertIn("fits:", text)
 
   def test_one_chip_has_no_collectives(self):
-    _, report = _compile(tiny_experiment.tiny_experiment(num_layers=1),
-                         "v5e-1")
+    _, report = aot_testing.compile_for(
+        tiny_experiment.tiny_experiment(num_layers=1), "v5e-1")
     self.assertEqual(report.collectives, {})
 
   def test_llama3_8b_layers_do_not_fit_one_v5e_chip(self):
@@ -94,7 +88,7 @@ class TpuCompileTest(absltest.TestCase):
         compile_step.DoesNotFitError,
         r"does not fit in the 15\.75 GiB of v5e HBM per device on v5e-1:"
         r".*RESOURCE_EXHAUSTED.*remat_policy"):
-      _compile(experiment, "v5e-1")
+      aot_testing.compile_for(experiment, "v5e-1")
 
 
 class CpuCompileTest(absltest.TestCase):
@@ -109,7 +103,7 @@ class CpuCompileTest(absltest.TestCase):
         dict(data=1, fsdp=4, tensor=2))
     prepared = pretrain.prepare(experiment)
     batch = next(prepared.batches)
-    step, report = _compile(experiment, "cpu:8")
+    step, report = aot_testing.compile_for(experiment, "cpu:8")
     self.assertEqual(prepared.mesh.devices.tolist(),
                      step.mesh.devices.tolist())
     # On CPU arrays are not padded: the arguments are exactly the state's
@@ -138,8 +132,8 @@ class CpuCompileTest(absltest.TestCase):
                  got_state.checkpoint_tree(), want_state.checkpoint_tree())
 
   def test_check_fits_names_the_shortfall(self):
-    _, report = _compile(tiny_experiment.tiny_experiment(num_layers=1),
-                         "cpu:8")
+    _, report = aot_testing.compile_for(
+        tiny_experiment.tiny_experiment(num_layers=1), "cpu:8")
     self.assertTrue(report.fits)
     compile_step.check_fits(report, "cpu:8")
     small = dataclasses.replace(report, memory_bytes=report.total_bytes // 2)

@@ -15,18 +15,12 @@ import re
 from absl.testing import absltest
 import jax
 
+from maxtext.aot import aot_testing
 from maxtext.aot import compile_step
 from maxtext.aot import tiny_experiment
-from maxtext.aot import topology
 from testing import devices
 
 _CUSTOM_CALL_RE = re.compile(r'custom_call_target="([^"]+)"')
-
-
-def _compile(name, experiment):
-  hardware = topology.make_devices(topology.parse_topology(name))
-  step = compile_step.compile_train_step(experiment, hardware)
-  return step, compile_step.analyse(step, experiment)
 
 
 class GpuCompileTest(absltest.TestCase):
@@ -42,13 +36,13 @@ class GpuCompileTest(absltest.TestCase):
     # bfloat16 as on a real GPU; plain-JAX attention needs no cuDNN.
     experiment = tiny_experiment.tiny_experiment(
         scan_layers=False, dtype="bfloat16", attention_impl="reference")
-    step, report = _compile("h200:8", experiment)
+    step, report = aot_testing.compile_for(experiment, "h200:8")
     self.assertLen(step.hardware.devices, 8)
     self.assertEqual(step.hardware.device_kind, "NVIDIA H200")
     self.assertEqual({d.platform for d in step.hardware.devices}, {"gpu"})
     self.assertEqual(report.memory_bytes, int(0.75 * 143_771 * 2**20))
     self.assertEqual(dict(step.mesh.shape)["fsdp"], 8)
-    _, cpu_report = _compile("cpu:8", experiment)
+    _, cpu_report = aot_testing.compile_for(experiment, "cpu:8")
     # The same state and batch, split the same way over 8 devices: each
     # device's inputs, outputs and donated bytes are the CPU program's.
     self.assertEqual(
@@ -69,7 +63,7 @@ class GpuCompileTest(absltest.TestCase):
     # (`maxtext.kernels.pallas_gpu`), which XLA compiles through Triton.
     experiment = tiny_experiment.tiny_experiment(scan_layers=False,
                                                  dtype="float32")
-    step, _ = _compile("h100:8", experiment)
+    step, _ = aot_testing.compile_for(experiment, "h100:8")
     targets = collections.Counter(_CUSTOM_CALL_RE.findall(
         step.compiled.as_text()))
     # At least a forward and a backward kernel per layer; no cuDNN.

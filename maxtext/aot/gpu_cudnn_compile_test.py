@@ -35,7 +35,7 @@ class GpuCudnnCompileTest(parameterized.TestCase):
   def test_fused_attention_in_bf16_train_step(self, impl, calls_per_layer):
     experiment = tiny_experiment.tiny_experiment(
         scan_layers=False, dtype="bfloat16", attention_impl=impl)
-    hardware = topology.make_devices(topology.parse_topology("h100:8"))
+    hardware = topology.hardware_for("h100:8")
     step = compile_step.compile_train_step(experiment, hardware)
     hlo = step.compiled.as_text()
     targets = collections.Counter(_CUSTOM_CALL_RE.findall(hlo))

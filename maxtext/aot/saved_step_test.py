@@ -25,8 +25,8 @@ from testing import devices
 
 
 def _compiled(experiment, name):
-  hardware = topology.make_devices(topology.parse_topology(name))
-  return compile_step.compile_train_step(experiment, hardware)
+  return compile_step.compile_train_step(experiment,
+                                        topology.hardware_for(name))
 
 
 def _batch(inputs, seed=0):

@@ -32,7 +32,7 @@ class SweepTest(absltest.TestCase):
     config.model.attention_impl = "reference"
     config.data.seq_len = 256
     experiment = ExperimentConfig.from_config_dict(config)
-    hardware = topology.make_devices(topology.parse_topology("v5e:2x2"))
+    hardware = topology.hardware_for("v5e:2x2")
     layouts = [sweep.parse_layout("fsdp=4"), sweep.parse_layout("data=4"),
                sweep.parse_layout("fsdp=3")]
     rows = sweep.sweep(experiment, hardware, layouts, ["none", "full"])
@@ -63,7 +63,7 @@ class SweepTest(absltest.TestCase):
 
   def test_rank_puts_fitting_rows_first(self):
     experiment = tiny_experiment.tiny_experiment(num_layers=1)
-    hardware = topology.make_devices(topology.parse_topology("v5e-1"))
+    hardware = topology.hardware_for("v5e-1")
     [row] = sweep.sweep(experiment, hardware, [sweep.parse_layout("fsdp=1")],
                         ["none"])
     report = row.report
@@ -83,7 +83,7 @@ class SweepTest(absltest.TestCase):
                                 r" axis=size"):
       sweep.parse_layout("fsdp:4")
     experiment = tiny_experiment.tiny_experiment(num_layers=1)
-    hardware = topology.make_devices(topology.parse_topology("v5e-1"))
+    hardware = topology.hardware_for("v5e-1")
     with self.assertRaisesRegex(ValueError, r"Unknown remat policies"
                                 r" \['fastest'\]; valid: \['none'"):
       sweep.sweep(experiment, hardware, [sweep.parse_layout("fsdp=1")],

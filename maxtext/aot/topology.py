@@ -28,6 +28,9 @@ hosts' GPUs. Under Bazel the plugin is `//maxtext/aot:cuda_plugin`
 (@pypi_gpu); cuDNN attention also needs cuDNN's library, which JAX asks for
 its version while tracing (`//maxtext/aot:cuda_plugin_cudnn`), and
 `//maxtext/bin:aot_compile_gpu` has both.
+
+`hardware_for(name, num_slices)` is `make_devices(parse_topology(...))` in
+one call.
 """
 
 import dataclasses
@@ -430,3 +433,15 @@ def make_devices(target: Target) -> Hardware:
       memory_name=f"{kind} memory",
       peak_flops=flops.peak_flops_per_device(kind),
       memory_bandwidth=bandwidth)
+
+
+def hardware_for(name: str, num_slices: int = 1) -> Hardware:
+  """`make_devices(parse_topology(name, num_slices))`: the devices of the
+  target named `name`, for callers that need not see the `Target` (tests,
+  tools); `aot_compile` parses first to call `configure_backend` in between.
+
+  Raises:
+    ValueError: as `parse_topology` (a bad name or slice count) and
+      `make_devices` (a target that cannot be made here).
+  """
+  return make_devices(parse_topology(name, num_slices))

@@ -77,14 +77,17 @@ class ParseTest(parameterized.TestCase):
       ("v5e-4", 0, r"--num_slices=0 must be a positive integer"),
   )
   def test_bad_names_are_explained(self, name, num_slices, message):
-    with self.assertRaisesRegex(ValueError, message):
-      topology.parse_topology(name, num_slices)
+    # hardware_for parses the name first: the same messages.
+    for parse in (topology.parse_topology, topology.hardware_for):
+      with self.subTest(parse.__name__):
+        with self.assertRaisesRegex(ValueError, message):
+          parse(name, num_slices)
 
 
 class DevicesTest(absltest.TestCase):
 
   def test_v5p_8_is_four_megacore_chips(self):
-    hardware = topology.make_devices(topology.parse_topology("v5p-8"))
+    hardware = topology.hardware_for("v5p-8")
     self.assertLen(hardware.devices, 4)
     self.assertEqual(hardware.device_kind, "TPU v5")
     self.assertEqual(hardware.devices[0].num_cores, 2)
@@ -92,13 +95,12 @@ class DevicesTest(absltest.TestCase):
     self.assertEqual(hardware.memory_bytes, int(95.74 * 2**30))
 
   def test_one_chip(self):
-    hardware = topology.make_devices(topology.parse_topology("v5e-1"))
+    hardware = topology.hardware_for("v5e-1")
     self.assertLen(hardware.devices, 1)
     self.assertEqual(hardware.device_kind, "TPU v5 lite")
 
   def test_slices_make_a_hybrid_mesh(self):
-    hardware = topology.make_devices(
-        topology.parse_topology("v5e:2x2", num_slices=2))
+    hardware = topology.hardware_for("v5e:2x2", num_slices=2)
     self.assertLen(hardware.devices, 8)
     mesh = mesh_lib.make_mesh(
         mesh_lib.MeshConfig(ici=dict(data=1, fsdp=4), dcn=dict(data=2)),
@@ -110,13 +112,13 @@ class DevicesTest(absltest.TestCase):
   def test_cpu_devices_must_be_there(self):
     if jax.device_count() != 8:
       self.skipTest("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
-    hardware = topology.make_devices(topology.parse_topology("cpu:8"))
+    hardware = topology.hardware_for("cpu:8")
     self.assertLen(hardware.devices, 8)
     self.assertEqual(hardware.memory_name, "host memory / 8")
     with self.assertRaisesRegex(
         ValueError, r"'cpu:3' needs 3 cpu devices, this process has 8:.*"
         r"xla_force_host_platform_device_count=3"):
-      topology.make_devices(topology.parse_topology("cpu:3"))
+      topology.hardware_for("cpu:3")
 
   def test_gpu_needs_gpus(self):
     if jax.default_backend() == "gpu":
@@ -124,19 +126,18 @@ class DevicesTest(absltest.TestCase):
     with self.assertRaisesRegex(
         ValueError, r"'gpu:8' needs 8 gpu devices, this process has 0: run on"
         r" a host with 8 GPUs"):
-      topology.make_devices(topology.parse_topology("gpu:8"))
+      topology.hardware_for("gpu:8")
 
   def test_compile_only_h100s_on_this_host(self):
-    target = topology.parse_topology("h100:4", num_slices=2)
     if not _has_cuda_plugin():
       with self.assertRaisesRegex(
           ValueError, r"'h100:4': JAX cannot make compile-only NVIDIA H100"
           r" 80GB HBM3 devices .* packages jax-cuda12-pjrt and"
           r" jax-cuda12-plugin at jax's version .* use gpu:N on a host with"
           r" N GPUs, or a TPU or cpu:N target"):
-        topology.make_devices(target)
+        topology.hardware_for("h100:4", num_slices=2)
       return
-    hardware = topology.make_devices(target)
+    hardware = topology.hardware_for("h100:4", num_slices=2)
     self.assertLen(hardware.devices, 8)
     self.assertEqual(hardware.device_kind, "NVIDIA H100 80GB HBM3")
     # Two hosts of four GPUs.

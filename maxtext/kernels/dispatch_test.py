@@ -78,7 +78,7 @@ class SelectTest(parameterized.TestCase):
 
   def test_platform_comes_from_the_activation_mesh(self):
     self.assertEqual(backend.target_platform(), "cpu")
-    hardware = topology.make_devices(topology.parse_topology("v5e-1"))
+    hardware = topology.hardware_for("v5e-1")
     mesh = jax.sharding.Mesh(np.array(hardware.devices), ("data",))
     with axes.activation_sharding(rules.LogicalRules(mesh, (), ())):
       self.assertEqual(backend.target_platform(), "tpu")

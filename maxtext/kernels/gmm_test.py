@@ -57,7 +57,7 @@ class GroupedMatmulTest(parameterized.TestCase):
                          np.int32([2]), impl="cutlass")
 
   def test_auto_compiles_to_mosaic_on_tpu(self):
-    hardware = topology.make_devices(topology.parse_topology("v5e-1"))
+    hardware = topology.hardware_for("v5e-1")
     mesh = jax.sharding.Mesh(np.array(hardware.devices), ("data",))
     sharding = jax.sharding.SingleDeviceSharding(hardware.devices[0])
     x = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16, sharding=sharding)

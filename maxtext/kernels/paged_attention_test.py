@@ -111,7 +111,7 @@ class PagedAttentionTest(parameterized.TestCase):
                                       impl="pallas")
 
   def test_auto_compiles_to_the_tpu_kernel(self):
-    hardware = topology.make_devices(topology.parse_topology("v5e-1"))
+    hardware = topology.hardware_for("v5e-1")
     mesh = jax.sharding.Mesh(np.array(hardware.devices), ("data",))
     sharding = jax.sharding.SingleDeviceSharding(hardware.devices[0])
 

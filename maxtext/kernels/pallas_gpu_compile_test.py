@@ -29,7 +29,7 @@ class PallasGpuCompileTest(parameterized.TestCase):
            features=False),
   )
   def test_fwd_and_bwd_compile_for_h100(self, dtype, head_dim, features):
-    hardware = topology.make_devices(topology.parse_topology("h100:1"))
+    hardware = topology.hardware_for("h100:1")
     mesh = jax.sharding.Mesh(np.array(hardware.devices), ("data",))
     sharding = jax.sharding.SingleDeviceSharding(hardware.devices[0])
 

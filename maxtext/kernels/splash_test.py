@@ -54,7 +54,7 @@ class SplashInterpretTest(parameterized.TestCase):
 class SplashTpuCompileTest(absltest.TestCase):
 
   def test_fwd_and_bwd_compile_to_mosaic_kernels(self):
-    hardware = topology.make_devices(topology.parse_topology("v5e-1"))
+    hardware = topology.hardware_for("v5e-1")
     sharding = jax.sharding.SingleDeviceSharding(hardware.devices[0])
     q = jax.ShapeDtypeStruct((1, 1024, 8, 128), jnp.bfloat16,
                              sharding=sharding)

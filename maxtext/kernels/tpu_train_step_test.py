@@ -14,7 +14,7 @@ _MOSAIC = "custom_call_target=\"tpu_custom_call\""
 
 def _compiled_text(topology_name, **model):
   experiment = tiny_experiment.tiny_experiment(num_layers=2, **model)
-  hardware = topology.make_devices(topology.parse_topology(topology_name))
+  hardware = topology.hardware_for(topology_name)
   return experiment, compile_step.compile_train_step(
       experiment, hardware).compiled.as_text()
 
