@@ -4,13 +4,15 @@ Our own small models of each family (config files shrunk, windows of 3):
 prefill a prompt, then feed one token per step through the cache; the
 logits at every position must equal a full forward pass (max |diff| 1e-4),
 also past the sliding window, scanned and unscanned; likewise with a paged
-cache whose pages lie shuffled in the pool (windows, sinks).
+cache whose pages lie shuffled in the pool (windows, sinks), read through
+one page table passed to each call, which no layer's cache holds.
 """
 
 
 from absl.testing import absltest
 from absl.testing import parameterized
 from flax import nnx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -40,38 +42,44 @@ def _full_logits(model, tokens_BL):
 
 
 @nnx.jit
-def _prefill(model, tokens_BP, cache):
+def _prefill(model, tokens_BP, cache, page_table_BN):
   positions_BP = jnp.broadcast_to(jnp.arange(tokens_BP.shape[1]),
                                   tokens_BP.shape)
-  return model(tokens_BP, positions_BP, cache=cache)
+  return model(tokens_BP, positions_BP, cache=cache,
+               page_table_BN=page_table_BN)
 
 
 @nnx.jit
-def _step(model, token_B1, position_B1, cache):
-  return model(token_B1, position_B1, cache=cache)
+def _step(model, token_B1, position_B1, cache, page_table_BN):
+  return model(token_B1, position_B1, cache=cache,
+               page_table_BN=page_table_BN)
 
 
 class CachedDecodingTest(parameterized.TestCase):
 
-  def max_diff(self, model, cache):
-    """max |logits from the cache - full forward| over 2 rows."""
+  def max_diff(self, model, cache, page_table_BN=None):
+    """(max |logits from the cache - full forward| over 2 rows, the cache
+    after the last step)."""
     tokens_BL = jnp.asarray(
         np.random.RandomState(0).randint(0, 64, size=(2, _LENGTH)))
     want_BLV = np.asarray(_full_logits(model, tokens_BL))
-    logits_BPV, cache = _prefill(model, tokens_BL[:, :_PROMPT], cache)
+    logits_BPV, cache = _prefill(model, tokens_BL[:, :_PROMPT], cache,
+                                 page_table_BN)
     got = [np.asarray(logits_BPV)]
     for position in range(_PROMPT, _LENGTH):
       logits_B1V, cache = _step(model, tokens_BL[:, position:position + 1],
-                                jnp.full((2, 1), position), cache)
+                                jnp.full((2, 1), position), cache,
+                                page_table_BN)
       got.append(np.asarray(logits_B1V))
-    return float(np.abs(np.concatenate(got, axis=1) - want_BLV).max())
+    diff = float(np.abs(np.concatenate(got, axis=1) - want_BLV).max())
+    return diff, cache
 
   @parameterized.product(family=sorted(tiny_configs.CONFIG_MODULES),
                          scan_layers=(True, False))
   def test_cached_logits_equal_full_forward(self, family, scan_layers):
     cfg = _tiny(family, scan_layers=scan_layers)
     model = _model(cfg)
-    diff = self.max_diff(model, model.init_cache(2, _LENGTH))
+    diff, _ = self.max_diff(model, model.init_cache(2, _LENGTH))
     print(f"{family} scan_layers={scan_layers} window={cfg.sliding_window}: "
           f"max |cached - full| = {diff:.3g}")
     self.assertLessEqual(diff, _TOLERANCE)
@@ -84,11 +92,17 @@ class CachedDecodingTest(parameterized.TestCase):
         :2 * pages_per_row].reshape(2, pages_per_row)
     cache = kv_cache.paged_like(
         model.init_cache(2, 1), num_pages=num_pages, page_size=page_size,
-        page_table_BN=jnp.asarray(page_table_BN), impl="jax")
-    diff = self.max_diff(model, cache)
+        impl="jax")
+    diff, cache = self.max_diff(model, cache, jnp.asarray(page_table_BN))
     print(f"{family} scan_layers={scan_layers} paged: max |cached - full| ="
           f" {diff:.3g}")
     self.assertLessEqual(diff, _TOLERANCE)
+    # The page table is the caller's, passed to each call: the layers'
+    # caches hold only their pages [(layers,) P, T, G, K].
+    leading = (3,) if scan_layers else ()
+    self.assertEqual(
+        {leaf.shape for leaf in jax.tree.leaves(cache)},
+        {(*leading, num_pages, page_size, 2, 8)})
 
   def test_cache_layouts(self):
     for scan_layers, kind in ((True, "stacked"), (False, "tuple")):

@@ -33,9 +33,11 @@ pages of the positions it reached (`maxtext.inference.page_pool`: its
 prompt's pages at prefill, one more page whenever it crosses into the next)
 and gives them back when it stops, so a pool smaller than B * S / page_size
 serves batches whose rows stop early or have short prompts; a pool that
-runs out is an error naming `num_pages`. Decode steps read the pages with
-`maxtext.kernels.paged_attention` (`paged_attention_impl`). Both caches
-generate the same tokens (log-probs within float rounding).
+runs out is an error naming `num_pages`. The pool's page table is the only
+one: each model call takes it (`page_table_BN=`) and every layer reads its
+pages through it, so no layer's cache carries a copy. Decode steps read the
+pages with `maxtext.kernels.paged_attention` (`paged_attention_impl`). Both
+caches generate the same tokens (log-probs within float rounding).
 
 Shape key: B batch, P longest prompt, T max new tokens, S = P + T cache
 length, V vocab, N pages per row.
@@ -103,7 +105,7 @@ def _unscanned(model):
 
 def _paged_cache(model, lengths_B, cache_length, paging):
   """(An empty `PagedKVCache` per layer, a pool with each row's prompt pages
-  allocated)."""
+  allocated: its page table is the one the layers read through)."""
   batch = lengths_B.shape[0]
   pages_per_row = -(-cache_length // paging.page_size)
   pool = page_pool.PagePool.create(
@@ -113,15 +115,22 @@ def _paged_cache(model, lengths_B, cache_length, paging):
   layers = jax.eval_shape(lambda: model.init_cache(batch, 1))
   cache = kv_cache_lib.paged_like(
       layers, num_pages=pool.free_P.shape[0] + 1, page_size=paging.page_size,
-      page_table_BN=pool.page_table_BN, impl=paging.impl)
+      impl=paging.impl)
   return cache, pool
 
 
-def _prefill(model, tokens_BP, lengths_B, cache):
-  """(logits [B, V] at each row's last prompt token, cache)."""
+def _page_table(pool):
+  """The page table a paged cache is read through (None without a pool)."""
+  return None if pool is None else pool.page_table_BN
+
+
+def _prefill(model, tokens_BP, lengths_B, cache, page_table_BN=None):
+  """(logits [B, P, V], logits [B, V] at each row's last prompt token,
+  cache); `page_table_BN` with a paged cache."""
   positions_BP = jnp.broadcast_to(jnp.arange(tokens_BP.shape[1]),
                                   tokens_BP.shape)
-  logits_BPV, cache = model(tokens_BP, positions_BP, cache=cache)
+  logits_BPV, cache = model(tokens_BP, positions_BP, cache=cache,
+                            page_table_BN=page_table_BN)
   last_BV = jnp.take_along_axis(logits_BPV, (lengths_B - 1)[:, None, None],
                                 axis=1)[:, 0]
   return logits_BPV, last_BV, cache
@@ -150,7 +159,8 @@ def _generate(graphdef, state, tokens_BP, lengths_B, key, params, stop_ids,
     cache, pool = model.init_cache(batch, cache_length), None
   else:
     cache, pool = _paged_cache(model, lengths_B, cache_length, paging)
-  _, logits_BV, cache = _prefill(model, tokens_BP, lengths_B, cache)
+  _, logits_BV, cache = _prefill(model, tokens_BP, lengths_B, cache,
+                                 _page_table(pool))
 
   def next_token(logits_BV, step):
     """(sampled token [B], its log-prob [B])."""
@@ -176,9 +186,8 @@ def _generate(graphdef, state, tokens_BP, lengths_B, key, params, stop_ids,
      count_B) = carry
     if pool is not None:
       pool = pool.allocate_positions(position_B, paging.page_size, ~done_B)
-      cache = kv_cache_lib.with_page_table(cache, pool.page_table_BN)
     logits_B1V, cache = model(token_B[:, None], position_B[:, None],
-                              cache=cache)
+                              cache=cache, page_table_BN=_page_table(pool))
     logits_BV = logits_B1V[:, 0]
     token_B, logprob_B = next_token(logits_BV, step)
     token_B = jnp.where(done_B, 0, token_B)

@@ -11,9 +11,10 @@ recompute them by name.
 
 Decoding passes a `KVCache` and the tokens' positions: the new keys and
 values are written at those positions and the queries attend over the cache
-(same projections, rotary and kernel as training). With a `PagedKVCache`,
-one-token decode steps run `maxtext.kernels.paged_attention` over the pages
-(its `impl` is the cache's).
+(same projections, rotary and kernel as training). With a `PagedView` (a
+layer's `PagedKVCache` read through the decoder's page table), one-token
+decode steps run `maxtext.kernels.paged_attention` over the pages (its
+`impl` is the cache's).
 """
 
 import jax
@@ -87,10 +88,10 @@ class Attention(nnx.Module):
       *,
       window: int | None = None,
       segment_ids_BL: jax.Array | None = None,
-      cache: kv_cache_lib.KVCache | kv_cache_lib.PagedKVCache | None = None,
+      cache: kv_cache_lib.KVCache | kv_cache_lib.PagedView | None = None,
       positions_BL: jax.Array | None = None,
   ) -> jax.Array | tuple[jax.Array, kv_cache_lib.KVCache |
-                         kv_cache_lib.PagedKVCache]:
+                         kv_cache_lib.PagedView]:
     """Attends causally; `window` limits how far back a query looks.
 
     With `cache`, the tokens (at `positions_BL`, consecutive in each row)
@@ -132,17 +133,18 @@ class Attention(nnx.Module):
   def _attend_cache(self, q_BLHK, cache, positions_BL, window, sinks_H):
     """The queries at `positions_BL` over the (already written) cache.
 
-    One query per row over a `PagedKVCache` reads the pages in place
+    One query per row over a `PagedView` reads the pages in place
     (`paged_attention`); otherwise the model's kernel runs over the dense
     cache (a paged one gathered) with a causal, windowed mask by position.
     """
-    paged = isinstance(cache, kv_cache_lib.PagedKVCache)
+    paged = isinstance(cache, kv_cache_lib.PagedView)
     if paged and q_BLHK.shape[1] == 1:
+      pages = cache.pages
       o_BHK = paged_attention.paged_attention(
-          q_BLHK[:, 0], cache.key_pages_PTGK, cache.value_pages_PTGK,
+          q_BLHK[:, 0], pages.key_pages_PTGK, pages.value_pages_PTGK,
           cache.page_table_BN, positions_BL[:, 0] + 1, scale=self.scale,
           window=window, logit_softcap=self.logit_softcap, sinks_H=sinks_H,
-          impl=cache.impl)
+          impl=pages.impl)
       return o_BHK[:, None]
     k_BSGK, v_BSGK = (cache.gather() if paged
                       else (cache.key_BSGK, cache.value_BSGK))

@@ -8,10 +8,12 @@ positions (batched prompts of different lengths): each row writes its new
 keys at its own position.
 
 `PagedKVCache`, a paged cache: a pool of fixed-size pages shared by the
-rows and a page table naming each row's pages in position order, so a row
-holds memory for the positions it reached rather than for the longest
-possible sequence (`paged_like` builds one shaped like a model's dense
-cache).
+rows, so a row holds memory for the positions it reached rather than for
+the longest possible sequence (`paged_like` builds one shaped like a
+model's dense cache). A page table names each row's pages in position
+order; it is the same for every layer, so the layers' caches do not hold
+it: the decoder takes it once per call and each layer's attention reads
+its pages through it (`PagedView`).
 
 Shape key: B batch, L new tokens, S cache length, G key/value heads, K head
 dim, P pages in the pool, T tokens per page, N pages per row.
@@ -60,7 +62,29 @@ class KVCache:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PagedKVCache:
-  """Keys and values in a pool of pages [P, T, G, K], read by page table.
+  """A layer's pool of key and value pages [P, T, G, K].
+
+  Holds no page table: one table [B, N] serves every layer, so the decoder
+  takes it once per call (`Decoder.__call__(..., page_table_BN=...)`) and
+  hands it to each layer's attention as a `PagedView` rather than carrying
+  a copy in each layer's cache state. With stacked layers both fields have
+  a leading layer axis.
+  """
+
+  key_pages_PTGK: jax.Array
+  value_pages_PTGK: jax.Array
+  impl: str = dataclasses.field(default="auto", metadata=dict(static=True))
+
+  @property
+  def page_size(self) -> int:
+    return self.key_pages_PTGK.shape[-3]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PagedView:
+  """A layer's `PagedKVCache` read through a page table: what attention
+  writes to and reads.
 
   Row b's position t sits in page `page_table_BN[b, t // T]`, slot `t % T`
   (the layout of `maxtext.kernels.paged_attention`). Who owns which page is
@@ -71,44 +95,40 @@ class PagedKVCache:
   like `KVCache`, the cache is read by the positions of the queries.
 
   Decode steps (one token per row) read the pages with
-  `paged_attention.paged_attention(..., impl=impl)`; longer calls (prefill)
-  gather each row's pages into a dense [B, N * T, G, K] view (`gather`).
-
-  With stacked layers every field has a leading layer axis.
+  `paged_attention.paged_attention(..., impl=pages.impl)`; longer calls
+  (prefill) gather each row's pages into a dense [B, N * T, G, K] view
+  (`gather`).
   """
 
-  key_pages_PTGK: jax.Array
-  value_pages_PTGK: jax.Array
+  pages: PagedKVCache
   page_table_BN: jax.Array
-  impl: str = dataclasses.field(default="auto", metadata=dict(static=True))
-
-  @property
-  def page_size(self) -> int:
-    return self.key_pages_PTGK.shape[-3]
 
   @property
   def length(self) -> int:
     """Positions each row can hold: N * T."""
-    return self.page_table_BN.shape[-1] * self.page_size
+    return self.page_table_BN.shape[-1] * self.pages.page_size
 
   def write(self, k_BLGK: jax.Array, v_BLGK: jax.Array,
-            start_B: jax.Array) -> "PagedKVCache":
-    """The cache with row b's L new entries at positions start_B[b]...
+            start_B: jax.Array) -> "PagedView":
+    """The view with row b's L new entries at positions start_B[b]...
 
     The caller keeps `start_B + L <= N * T`.
     """
+    page_size = self.pages.page_size
     positions_BL = start_B[:, None] + jnp.arange(k_BLGK.shape[1])
     page_BL = jnp.take_along_axis(self.page_table_BN,
-                                  positions_BL // self.page_size, axis=1)
-    slot_BL = positions_BL % self.page_size
+                                  positions_BL // page_size, axis=1)
+    slot_BL = positions_BL % page_size
 
     def write(pages_PTGK, new_BLGK):
       return pages_PTGK.at[page_BL, slot_BL].set(
           new_BLGK.astype(pages_PTGK.dtype))
 
-    return dataclasses.replace(
-        self, key_pages_PTGK=write(self.key_pages_PTGK, k_BLGK),
-        value_pages_PTGK=write(self.value_pages_PTGK, v_BLGK))
+    pages = dataclasses.replace(
+        self.pages,
+        key_pages_PTGK=write(self.pages.key_pages_PTGK, k_BLGK),
+        value_pages_PTGK=write(self.pages.value_pages_PTGK, v_BLGK))
+    return dataclasses.replace(self, pages=pages)
 
   def gather(self) -> tuple[jax.Array, jax.Array]:
     """Dense keys and values [B, N * T, G, K], slot j holding position j."""
@@ -118,39 +138,39 @@ class PagedKVCache:
       return pages_PTGK[self.page_table_BN].reshape(
           (batch, self.length) + pages_PTGK.shape[-2:])
 
-    return dense(self.key_pages_PTGK), dense(self.value_pages_PTGK)
+    return (dense(self.pages.key_pages_PTGK),
+            dense(self.pages.value_pages_PTGK))
 
 
-def paged_like(cache, *, num_pages: int, page_size: int,
-               page_table_BN: jax.Array, impl: str = "auto"):
+def paged_like(cache, *, num_pages: int, page_size: int, impl: str = "auto"):
   """`cache` (a tree of `KVCache`s, holding arrays or only their shapes)
   with every `KVCache` replaced by an empty `PagedKVCache` of the same
-  heads, head dim and dtype: `num_pages` pages of `page_size` tokens, read
-  by `page_table_BN`.
+  heads, head dim and dtype: `num_pages` pages of `page_size` tokens.
 
   Layers stacked in `cache` (a leading layer axis) stay stacked: the pages
-  and the table get the same leading axes.
+  get the same leading axes.
   """
   def paged(layer):
     *leading, _, _, num_kv_heads, head_dim = layer.key_BSGK.shape
     shape = (*leading, num_pages, page_size, num_kv_heads, head_dim)
-    table_BN = jnp.broadcast_to(page_table_BN,
-                                (*leading, *page_table_BN.shape))
     return PagedKVCache(jnp.zeros(shape, layer.key_BSGK.dtype),
-                        jnp.zeros(shape, layer.value_BSGK.dtype), table_BN,
-                        impl)
+                        jnp.zeros(shape, layer.value_BSGK.dtype), impl)
 
   return jax.tree.map(paged, cache,
                       is_leaf=lambda node: isinstance(node, KVCache))
 
 
-def with_page_table(cache, page_table_BN: jax.Array):
-  """`cache` (a tree of `PagedKVCache`s) reading `page_table_BN`."""
-  return jax.tree.map(
-      lambda layer: dataclasses.replace(
-          layer, page_table_BN=jnp.broadcast_to(page_table_BN,
-                                                layer.page_table_BN.shape)),
-      cache, is_leaf=lambda node: isinstance(node, PagedKVCache))
+def check_page_table(cache, page_table_BN: jax.Array | None) -> None:
+  """A cache of `PagedKVCache`s needs a page table; any other takes none."""
+  paged = any(isinstance(node, PagedKVCache) for node in jax.tree.leaves(
+      cache, is_leaf=lambda node: isinstance(node, PagedKVCache)))
+  if paged != (page_table_BN is not None):
+    kind = "a paged" if paged else ("no" if cache is None else "a dense")
+    given = "None" if page_table_BN is None else "an array"
+    raise ValueError(
+        "A paged KV cache (`paged_like`) is read through page_table_BN, and "
+        f"only a paged one takes it: got {kind} cache and page_table_BN="
+        f"{given}.")
 
 
 def check_decode_args(segment_ids_BL, positions_BL) -> None:

@@ -38,7 +38,10 @@ stacked over layers with scan_layers, a tuple of per-layer caches without);
 `model(tokens, positions, cache=cache)` runs the tokens (a prompt, then one
 token per step) through the same blocks, writing their keys and values at
 their positions, and returns (logits, cache). Without a cache nothing
-changes.
+changes. A paged cache (`kv_cache.paged_like`: pages only) comes with
+`page_table_BN=`, one table for every layer: each layer's attention reads
+its pages through it, and the layer scan closes over it rather than
+carrying a copy per layer.
 
 Mixture of experts (`cfg.num_experts` > 0): blocks have routed experts
 (`maxtext.layers.moe`) in place of the MLP, except the first
@@ -206,6 +209,7 @@ class Decoder(nnx.Module):
       segment_ids_BL: jax.Array | None = None,
       *,
       cache=None,
+      page_table_BN: jax.Array | None = None,
   ):
     """Returns float32 logits [B, L, V] (and the cache when one is given).
 
@@ -217,7 +221,14 @@ class Decoder(nnx.Module):
         tokens of its own segment. None: one sequence per row.
       cache: From `init_cache` (or a previous call): the tokens attend to
         the cached keys by position and their keys are written there.
+      page_table_BN: With a paged cache (and only then), int32 [B, N]: row
+        b's position t is in page `page_table_BN[b, t // page_size]` of
+        every layer.
+
+    Raises:
+      ValueError: a paged cache without a page table, or a table without.
     """
+    kv_cache_lib.check_page_table(cache, page_table_BN)
     cfg = self.cfg
     if positions_BL is None:
       positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]),
@@ -229,7 +240,8 @@ class Decoder(nnx.Module):
                                     windows)
     else:
       run_block = _block_runner(cfg, positions_BL, segment_ids_BL,
-                                cached=cache is not None)
+                                cached=cache is not None,
+                                page_table_BN=page_table_BN)
       first = cfg.first_dense_layers
       if first:
         dense_cache = None if cache is None else cache[0]
@@ -412,12 +424,14 @@ def _switch_window(run_block, block, x_BLD, windows, kind):
 
 
 def _block_runner(cfg: ModelConfig, positions_BL: jax.Array,
-                  segment_ids_BL: jax.Array | None, *, cached: bool):
+                  segment_ids_BL: jax.Array | None, *, cached: bool,
+                  page_table_BN: jax.Array | None = None):
   """`run_block(block, x_BLD, window, layer_cache) -> (x_BLD, layer_cache,
   aux)`, aux the block's MoE aux dict or None.
 
   With `cached`, each block reads and writes its layer's KV cache at
-  `positions_BL`; otherwise `layer_cache` is None and each block runs under
+  `positions_BL` (a `PagedKVCache` through `page_table_BN`, which every
+  layer shares); otherwise `layer_cache` is None and each block runs under
   `cfg.remat_policy`.
   """
   global_rotary = rope.Rotary.at(positions_BL,
@@ -432,10 +446,14 @@ def _block_runner(cfg: ModelConfig, positions_BL: jax.Array,
   if cached:
     def run_block(block, x_BLD, window, layer_cache):
       rotary = global_rotary if window is None else local_rotary
+      if page_table_BN is not None:
+        layer_cache = kv_cache_lib.PagedView(layer_cache, page_table_BN)
       x_BLD, layer_cache, aux = block(x_BLD, rotary, window=window,
                                       segment_ids_BL=segment_ids_BL,
                                       cache=layer_cache,
                                       positions_BL=positions_BL)
+      if page_table_BN is not None:
+        layer_cache = layer_cache.pages
       return axes.constrain(x_BLD, _RESIDUAL), layer_cache, aux
     return run_block
 
