@@ -30,7 +30,8 @@ weighted by the config): the load-balancing loss
 by T and p_e the mean router probability of e (Switch Transformer, as
 Mixtral's `load_balancing_loss_func`; k when perfectly balanced), and the
 router z-loss mean(logsumexp(logits)^2). Decoder models sow their layers'
-sum as an `AuxLoss` intermediate; the train step adds it to the objective.
+sum as an `AuxLoss` intermediate; the train step collects it with
+`nnx.capture` and adds it to the objective.
 
 DeepSeek's auxiliary-loss-free balancing moves the selection bias against
 each expert's load (`update_router_bias`): the layer reports its experts'

@@ -46,18 +46,28 @@ carrying a copy per layer.
 Mixture of experts (`cfg.num_experts` > 0): blocks have routed experts
 (`maxtext.layers.moe`) in place of the MLP, except the first
 `cfg.first_dense_layers`, which are a separate stack (`dense_blocks`, run
-first) with a dense MLP. Without a cache, the forward pass sows the sum over
-layers of the experts' weighted auxiliary losses as a `moe.AuxLoss` named
-"aux_loss" (the train step adds it to the objective), the layers' mean
-of each unweighted auxiliary term and of the dropped fraction as
-`nnx.Intermediate` "moe_metrics", and each expert layer's expert loads
-[expert layers, experts] as `nnx.Intermediate` "expert_load", from which
-the train step moves the router bias (`update_router_bias`).
+first) with a dense MLP. Sown (see below): the sum over layers of the
+experts' weighted auxiliary losses as a `moe.AuxLoss` named "aux_loss" (the
+train step adds it to the objective), the layers' mean of each unweighted
+auxiliary term and of the dropped fraction as `nnx.Intermediate`
+"moe_metrics", and each expert layer's expert loads [expert layers,
+experts] as `nnx.Intermediate` "expert_load", from which the train step
+moves the router bias (`update_router_bias`).
 
 Multi-token prediction (`cfg.mtp_layers` > 0, DeepSeek-V3): `mtp` holds one
-`maxtext.models.mtp.MTP` per depth; without a cache, the forward pass sows
-their logits as `mtp.MtpLogits` "mtp_logits" (the train step adds their
-weighted loss to the objective).
+`maxtext.models.mtp.MTP` per depth; sown: their logits as `mtp.MtpLogits`
+"mtp_logits" (the train step adds their weighted loss to the objective) and,
+with experts, their blocks' auxiliary losses as `moe.AuxLoss`
+"mtp_aux_loss".
+
+Sowing: the forward pass sows these values (`Module.sow`) only without a
+cache and under `nnx.capture`, which hands the caller the types it names
+(exactly: naming `nnx.Intermediate` does not collect its subclasses), e.g.
+`logits, aux_losses, mtp_logits, stats = nnx.capture(model, moe.AuxLoss,
+mtp.MtpLogits, nnx.Intermediate)(tokens)`. Outside a capture the model
+sows nothing and skips the prediction depths: flax 0.12.8 deprecates `sow`
+outside `nnx.capture` (it would store the values on the module and warn),
+and only the train step reads them.
 
 Shape key: B batch, L length, D embed dim, V vocab.
 """
@@ -149,6 +159,18 @@ def _with_remat(call_block, cfg: ModelConfig):
   return run_block
 
 
+def _capturing(module: nnx.Module) -> bool:
+  """Whether `module` runs under `nnx.capture` (what it sows is collected).
+
+  flax 0.12.8 has no public query: `nnx.capture` gives every module of the
+  captured tree a `__captures__` attribute for the call. Should a flax
+  release change that, nothing is sown and decoder_test's
+  `test_sows_only_under_capture` and moe_train_step_test's
+  `SowDeprecationTest` fail.
+  """
+  return hasattr(module, "__captures__")
+
+
 def pattern_period(windows: tuple[int | None, ...]) -> int:
   """Smallest p with windows[i] == windows[i % p] for every layer i."""
   for period in range(1, len(windows) + 1):
@@ -230,6 +252,7 @@ class Decoder(nnx.Module):
     """
     kv_cache_lib.check_page_table(cache, page_table_BN)
     cfg = self.cfg
+    sow = cache is None and _capturing(self)
     if positions_BL is None:
       positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]),
                                       tokens_BL.shape)
@@ -252,11 +275,11 @@ class Decoder(nnx.Module):
                                            windows[first:], cache, run_block)
       if first and cache is not None:
         cache = (dense_cache, cache)
-      if aux is not None and cache is None:
+      if aux is not None and sow:
         self._sow_moe(aux)
     x_BLD = self.final_norm(x_BLD)
     logits_BLV = self._logits(x_BLD)
-    if self.mtp is not None and cache is None:
+    if self.mtp is not None and sow:
       self._sow_mtp(tokens_BL, x_BLD, positions_BL, segment_ids_BL)
     return logits_BLV if cache is None else (logits_BLV, cache)
 
@@ -405,9 +428,12 @@ def _chunks_by_stage(stacked, stages: int, repeats: int):
     a_RSC = layout(a, names).reshape(repeats, stages, -1, *a.shape[1:])
     return layout(a_RSC.swapaxes(0, 1), (axes.LAYERS, None, None, *names[1:]))
 
-  return jax.tree.map(
+  # Under `nnx.capture` the blocks also hold the capture's (empty)
+  # intermediates, which have no partition spec: they stay as they are.
+  captures, stacked = nnx.split_state(stacked, nnx.Intermediate, ...)
+  return nnx.merge_state(captures, jax.tree.map(
       to_stages, stacked, nnx.get_partition_spec(stacked),
-      is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+      is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
 
 
 def _switch_window(run_block, block, x_BLD, windows, kind):

@@ -1,6 +1,7 @@
 """Tests of the generic decoder: causality, layouts, packing, gradients."""
 
 import dataclasses
+import warnings
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -232,8 +233,8 @@ def _stacked_copy(unscanned: decoder.Decoder) -> decoder.Decoder:
 
 
 def _sown_aux_loss(model, tokens):
-  model(tokens)
-  return sum(jax.tree.leaves(nnx.pop(model, moe.AuxLoss)))
+  _, aux_losses = nnx.capture(model, moe.AuxLoss)(tokens)
+  return sum(jax.tree.leaves(aux_losses))
 
 
 class MoEDecoderTest(absltest.TestCase):
@@ -254,12 +255,33 @@ class MoEDecoderTest(absltest.TestCase):
       if aux is not None:
         want_loss += aux["loss"]
     want_logits = model.head(model.final_norm(x))
-    logits = model(tokens)
+    logits, aux_losses = nnx.capture(model, moe.AuxLoss)(tokens)
     np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
-    self.assertAlmostEqual(
-        float(sum(jax.tree.leaves(nnx.pop(model, moe.AuxLoss)))),
-        float(want_loss), places=5)
+    self.assertAlmostEqual(float(sum(jax.tree.leaves(aux_losses))),
+                           float(want_loss), places=5)
     self.assertGreater(float(want_loss), 0.0)
+
+  def test_sows_only_under_capture(self):
+    """Under `nnx.capture` the experts' values come out; outside one the
+    model sows nothing and raises no flax deprecation warning."""
+    model = registry.create_model(_moe_config(scan_layers=False),
+                                  rngs=nnx.Rngs(0))
+    tokens = _tokens()
+    with warnings.catch_warnings():
+      warnings.simplefilter("error", DeprecationWarning)
+      logits = model(tokens)
+      captured, aux_losses, stats = nnx.capture(
+          model, moe.AuxLoss, nnx.Intermediate)(tokens)
+    self.assertEmpty(jax.tree.leaves(nnx.state(model, nnx.Intermediate)))
+    np.testing.assert_array_equal(logits, captured)
+    self.assertGreater(float(aux_losses["aux_loss"][...]), 0.0)
+    stats = nnx.to_pure_dict(stats)
+    # Each of the 2 expert layers routes 2 * 16 tokens to 2 experts each.
+    np.testing.assert_array_equal(stats["expert_load"].sum(-1),
+                                  [2 * _L * 2] * 2)
+    self.assertEqual(set(stats["moe_metrics"]),
+                     {"load_balance_loss", "router_z_loss",
+                      "dropped_fraction"})
 
   def test_scanned_equals_unscanned(self):
     unscanned = registry.create_model(_moe_config(scan_layers=False),

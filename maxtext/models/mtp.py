@@ -14,8 +14,9 @@ the main model. The last k positions have no token i + k (token 0 is
 embedded there); their loss mask (`mtp_targets`) drops them.
 
 In training the decoder sows each depth's logits as `MtpLogits`; the train
-step adds `mtp_loss_weight` times the mean over depths of each depth's
-cross-entropy against `mtp_targets` to the objective (`train/mtp_loss`).
+step collects them with `nnx.capture` and adds `mtp_loss_weight` times the
+mean over depths of each depth's cross-entropy against `mtp_targets` to the
+objective (`train/mtp_loss`).
 
 Shape key: B batch, L length, D embed dim, V vocab.
 """

@@ -18,7 +18,8 @@ the run ("linear" or "cosine"; "constant" keeps the start). The feature
 loss compares the outputs of student block i and teacher block j for each
 pair (i, j): 1 - cosine similarity, or the mean squared difference ("l2");
 the widths must match. Feature capture wraps those blocks (Tunix's
-`SowedModule`) and runs the blocks without remat.
+`SowedModule`), runs the blocks without remat and collects what they sow
+with `nnx.capture`.
 
 Metrics: train/loss and train/distill/{kl, ce, feature, teacher_ce, alpha,
 beta}; eval/loss is the student's CE.
@@ -122,18 +123,20 @@ def _forward_fn(layers: list[int]):
 
   def forward(model, inputs, positions=None, segment_ids=None, **unused):
     del unused
-    logits_BLV, _ = model(inputs, positions, segment_ids=segment_ids)
-    output = {"logits": logits_BLV}
-    if layers:
-      sown = nnx.to_pure_dict(nnx.pop(model, nnx.Intermediate))["model"]
-      features = []
-      for layer in layers:
-        group, index = _block_slot(model.model, layer)
-        # The sown block output: the residual stream (then cache, aux).
-        value = sown[group][index][_SOW_TAG][0]
-        features.append(value[0] if isinstance(value, tuple) else value)
-      output["features"] = jnp.stack(features)
-    return output
+    if not layers:
+      logits_BLV, _ = model(inputs, positions, segment_ids=segment_ids)
+      return {"logits": logits_BLV}
+    # The wrapped blocks sow their outputs as `nnx.Intermediate`.
+    (logits_BLV, _), sown = nnx.capture(model, nnx.Intermediate)(
+        inputs, positions, segment_ids=segment_ids)
+    sown = nnx.to_pure_dict(sown)["model"]
+    features = []
+    for layer in layers:
+      group, index = _block_slot(model.model, layer)
+      # The sown block output: the residual stream (then cache, aux).
+      value = sown[group][index][_SOW_TAG][0]
+      features.append(value[0] if isinstance(value, tuple) else value)
+    return {"logits": logits_BLV, "features": jnp.stack(features)}
 
   return forward
 

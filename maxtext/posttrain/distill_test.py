@@ -1,10 +1,14 @@
-"""Tests distillation: the loss against numpy, the schedules, a cross-family
-run lowers the student's KL to the teacher, and alpha = 0 is plain SFT."""
+"""Tests distillation: the loss against numpy, the schedules, the captured
+features are the chosen blocks' outputs, a cross-family run lowers the
+student's KL to the teacher, and alpha = 0 is plain SFT."""
 
+import dataclasses
 import os
+import warnings
 
 from absl.testing import absltest
 from absl.testing import parameterized
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,12 +16,16 @@ import qwix
 
 from maxtext.checkpoint import params_checkpoint
 from maxtext.data import pipeline
+from maxtext.layers import rope
+from maxtext.models import registry
+from maxtext.posttrain import adapter
 from maxtext.posttrain import base_model
 from maxtext.posttrain import distill
 from maxtext.posttrain import posttrain_testing as pt
 from maxtext.posttrain import sft
 from maxtext.posttrain.config import DistillConfig
 from maxtext.posttrain.config import PosttrainConfig
+from testing import tiny_configs
 
 
 def _log_softmax(x):
@@ -77,6 +85,37 @@ class LossTest(parameterized.TestCase):
               (0, 2, 4)]
     np.testing.assert_allclose(values, [1, 1, 1, 1, 0.5, 0, 1, 0.5, 0],
                                atol=1e-6)
+
+
+class FeatureCaptureTest(absltest.TestCase):
+
+  def test_features_are_the_blocks_outputs(self):
+    # DeepSeek-V3: layer 0 is a dense block, layer 2 the second expert
+    # block; the model also has a prediction depth.
+    cfg = dataclasses.replace(
+        tiny_configs.tiny_model_config("deepseek3", window=4),
+        scan_layers=False)
+    model = adapter.TunixModel(registry.create_model(cfg,
+                                                     rngs=nnx.Rngs(0)))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 8)))
+    positions = jnp.broadcast_to(jnp.arange(8), tokens.shape)
+    want_logits, _ = model(tokens, positions)
+    decoder = model.model
+    rotary = rope.Rotary.at(positions, rope.global_inverse_frequencies(cfg),
+                            rope.global_attention_factor(cfg))
+    x = decoder.embedder(tokens)
+    want = []
+    for block in (*decoder.dense_blocks, *decoder.blocks):
+      x = block(x, rotary, window=None, segment_ids_BL=None)[0]
+      want.append(x)
+    distill._capture(model, [0, 2])
+    with warnings.catch_warnings():
+      warnings.filterwarnings("error", message=".*sow.*",
+                              category=DeprecationWarning)
+      output = distill._forward_fn([0, 2])(model, tokens, positions)
+    np.testing.assert_allclose(output["logits"], want_logits, atol=1e-5)
+    np.testing.assert_allclose(output["features"],
+                               np.stack([want[0], want[2]]), atol=1e-5)
 
 
 class DistillRunTest(absltest.TestCase):

@@ -18,6 +18,12 @@ DroppedTokenMetricsTest: with capacity factor 0.5, the train step's
 loads and capacity, `moe/load_imbalance` the loads' max / mean, and
 `moe/load_balance_loss` the sown auxiliary loss over its weight.
 
+SowDeprecationTest: a tiny DeepSeek-V3 (experts and multi-token prediction;
+unscanned, and scanned with remat and 2 microbatches) traces its train
+step, eval step and a plain forward pass with flax's "`Module.sow()`
+outside `nnx.capture()`" DeprecationWarning turned into an error, and the
+train step still gets every sown value.
+
 ExpertParallelismTest (8 fake CPU devices; the Bazel target sets
 XLA_FLAGS=--xla_force_host_platform_device_count=8): a tiny Mixtral (4
 experts, top-2) on a data=1 x fsdp=2 x expert=4 mesh with the default rule
@@ -39,6 +45,7 @@ over expert=8, has the output and gradients of the unsharded layer.
 
 import dataclasses
 import re
+import warnings
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -55,6 +62,7 @@ from maxtext.models import decoder
 from maxtext.optim import optimizer
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
+from maxtext.trainers import eval_step as eval_step_lib
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
 from testing import devices
@@ -64,8 +72,9 @@ _RTOL = 1e-4
 _ATOL = 1e-5
 
 
-def _state(ici, devices, **model_changes):
-  """A tiny Mixtral with 4 experts (2 layers) on a mesh of `devices`."""
+def _state(ici, devices, family="mixtral", microbatches=1, **model_changes):
+  """A tiny Mixtral (or `family`) with 4 experts (2 layers) on a mesh of
+  `devices`."""
   config = mixtral.get_config()
   opt_config = optimizer.OptimizerConfig(**{
       **config.optimizer.to_dict(), "learning_rate": 1e-2,
@@ -75,13 +84,13 @@ def _state(ici, devices, **model_changes):
   rules = rules_lib.LogicalRules.from_config(
       mesh, rules_lib.ShardingConfig(**common.sharding_defaults()))
   model_config = dataclasses.replace(
-      tiny_configs.tiny_model_config("mixtral", window=4, num_layers=2),
+      tiny_configs.tiny_model_config(family, window=4, num_layers=2),
       **{"num_experts": 4, **model_changes})
   return train_state_lib.create_train_state(
       model_config, seed=0,
       tx=optimizer.make_optimizer(opt_config, total_steps=10),
       schedule=optimizer.learning_rate_schedule(opt_config, total_steps=10),
-      z_loss=0.0, mesh=mesh, rules=rules)
+      z_loss=0.0, mesh=mesh, rules=rules, microbatches=microbatches)
 
 
 def _batch(state, rows=8, length=8, seed=0):
@@ -122,8 +131,8 @@ class AuxLossTest(absltest.TestCase):
 
     def aux_objective(params):
       model = with_aux.replace(params=params).model()
-      model(batch["inputs"])
-      return sum(jax.tree.leaves(nnx.pop(model, moe.AuxLoss)))
+      _, aux_losses = nnx.capture(model, moe.AuxLoss)(batch["inputs"])
+      return sum(jax.tree.leaves(aux_losses))
 
     want = jax.jit(jax.grad(aux_objective))(with_aux.params)
     router = want["blocks"]["moe"]["router"]["kernel"]
@@ -203,9 +212,10 @@ class DroppedTokenMetricsTest(absltest.TestCase):
     model = state.model()
     # 64 tokens * 2 experts each over 4 experts: 16 slots per expert.
     slots = moe.capacity(64, model.cfg)
-    model(batch["inputs"])
-    aux_loss = float(sum(jax.tree.leaves(nnx.pop(model, moe.AuxLoss))))
-    load = np.asarray(nnx.pop(model, nnx.Intermediate)["expert_load"][...])
+    _, aux_losses, stats = nnx.capture(model, moe.AuxLoss,
+                                       nnx.Intermediate)(batch["inputs"])
+    aux_loss = float(sum(jax.tree.leaves(aux_losses)))
+    load = np.asarray(stats["expert_load"][...])
     _, metrics = train_step_lib.train_step(state, batch)
     self.assertEqual(slots, 16)
     # Each layer drops what its experts got past their slots.
@@ -220,6 +230,41 @@ class DroppedTokenMetricsTest(absltest.TestCase):
         0.1 * 2 * float(metrics["moe/load_balance_loss"]), aux_loss,
         places=5)
     self.assertIn("moe/router_z_loss", metrics)
+
+
+class SowDeprecationTest(parameterized.TestCase):
+  """flax 0.12.8 deprecates `Module.sow` outside `nnx.capture`."""
+
+  @parameterized.named_parameters(
+      ("unscanned", 1, dict(scan_layers=False)),
+      ("scanned_remat_2_microbatches", 2, dict(remat_policy="full")),
+  )
+  def test_steps_raise_no_sow_deprecation(self, microbatches, model_changes):
+    # DeepSeek-V3: a dense layer, an expert layer (its own 16 experts,
+    # sigmoid router with bias) and a prediction depth with experts.
+    state = _state({"data": 1}, jax.devices()[:1], family="deepseek3",
+                   microbatches=microbatches, num_experts=16, mtp_layers=1,
+                   **model_changes)
+    batch = _batch(state)
+    # The model sows while traced: tracing (no other test traces this
+    # model, so nothing comes from a cache) is enough, and fast.
+    with warnings.catch_warnings():
+      warnings.filterwarnings("error", message=".*sow.*",
+                              category=DeprecationWarning)
+      _, _, _, stats = jax.eval_shape(train_step_lib.loss_and_grads, state,
+                                      batch)
+      _, metrics = jax.eval_shape(train_step_lib.train_step, state, batch)
+      jax.eval_shape(eval_step_lib.eval_step, state, batch)
+      # As evaluation and Tunix's trainers call it.
+      jax.eval_shape(lambda: state.model()(batch["inputs"]))
+    # The step still gets every sown value.
+    self.assertEqual(set(stats), {"load_balance_loss", "router_z_loss",
+                                  "dropped_fraction", "expert_load",
+                                  "mtp_loss"})
+    self.assertEqual(stats["expert_load"].shape, (1, 16))
+    self.assertContainsSubset(
+        {"train/mtp_loss", "moe/load_balance_loss", "moe/load_imbalance"},
+        set(metrics))
 
 
 class ExpertParallelismTest(parameterized.TestCase):

@@ -4,10 +4,11 @@ Pure and jitted once at module level; the input state is donated, so its
 buffers are reused for the output state. The loss is the masked mean
 next-token cross-entropy; with `z_loss > 0` the train step adds
 `z_loss * mean(log(Z)^2)` (Z the softmax normaliser), which keeps the output
-logits from drifting (PaLM). Losses the model sows as `moe.AuxLoss`
-(mixture-of-experts load balancing and router z-loss, already weighted) are
-added to the objective; `train/loss` stays the cross-entropy. The experts'
-statistics the model sows (`nnx.Intermediate` "moe_metrics" and
+logits from drifting (PaLM). The model runs under `nnx.capture`, which
+collects what it sows (`maxtext.models.decoder`). Losses it sows as
+`moe.AuxLoss` (mixture-of-experts load balancing and router z-loss, already
+weighted) are added to the objective; `train/loss` stays the cross-entropy.
+The experts' statistics it sows (`nnx.Intermediate` "moe_metrics" and
 "expert_load") become `moe/*` metrics, and after the update the model moves
 its router bias against the step's expert loads (`update_router_bias`,
 DeepSeek's auxiliary-loss-free balancing; the bias is model state, not a
@@ -123,16 +124,17 @@ def loss_and_grads(state: TrainState, batch: dict[str, jax.Array]
 
   def loss_fn(params, batch):
     model = state.replace(params=params).model()
+    forward = nnx.capture(model, moe.AuxLoss, mtp.MtpLogits, nnx.Intermediate)
     with axes.activation_sharding(state.rules):
       # Packed batches carry per-segment positions and segment ids.
-      logits_BLV = model(batch["inputs"],
-                         positions_BL=batch.get("positions"),
-                         segment_ids_BL=batch.get("segment_ids"))
+      logits_BLV, aux_losses, mtp_logits, intermediates = forward(
+          batch["inputs"], positions_BL=batch.get("positions"),
+          segment_ids_BL=batch.get("segment_ids"))
     loss, z_term = cross_entropy(logits_BLV, batch["targets"], batch["mask"])
     # Losses the model sows (mixture of experts: load balance, router z-loss).
-    model_loss = sum(jax.tree.leaves(nnx.pop(model, moe.AuxLoss)))
-    stats = _pop_moe_stats(model)
-    mtp_loss = _mtp_loss(model, batch)
+    model_loss = sum(jax.tree.leaves(aux_losses))
+    stats = _moe_stats(intermediates)
+    mtp_loss = _mtp_loss(mtp_logits, batch)
     if mtp_loss is not None:  # Multi-token prediction (DeepSeek-V3).
       stats["mtp_loss"] = mtp_loss
       model_loss += model.cfg.mtp_loss_weight * mtp_loss
@@ -146,10 +148,12 @@ def loss_and_grads(state: TrainState, batch: dict[str, jax.Array]
   return _accumulate(grad_fn, state, batch)
 
 
-def _mtp_loss(model, batch: dict[str, jax.Array]) -> jax.Array | None:
-  """Mean over the sown multi-token prediction depths of their
-  cross-entropy (`mtp.mtp_targets`); None when the model sowed none."""
-  sown = jax.tree.leaves(nnx.pop(model, mtp.MtpLogits))
+def _mtp_loss(mtp_logits: nnx.State,
+              batch: dict[str, jax.Array]) -> jax.Array | None:
+  """Mean over the multi-token prediction depths of their cross-entropy
+  (`mtp.mtp_targets`); None when the model sowed no `mtp_logits` (the
+  captured `mtp.MtpLogits`)."""
+  sown = jax.tree.leaves(mtp_logits)
   if not sown:
     return None
   losses = []
@@ -162,12 +166,10 @@ def _mtp_loss(model, batch: dict[str, jax.Array]) -> jax.Array | None:
   return sum(losses) / len(losses)
 
 
-def _pop_moe_stats(model) -> dict[str, jax.Array]:
-  """The experts' statistics the model sowed (empty without experts)."""
-  sown = nnx.to_pure_dict(nnx.pop(
-      model, nnx.All(nnx.Intermediate,
-                     nnx.Any(nnx.PathContains("moe_metrics"),
-                             nnx.PathContains("expert_load")))))
+def _moe_stats(intermediates: nnx.State) -> dict[str, jax.Array]:
+  """The experts' statistics the model sowed (empty without experts), from
+  its captured `nnx.Intermediate` values."""
+  sown = nnx.to_pure_dict(intermediates)
   if not sown:
     return {}
   return {**sown["moe_metrics"], "expert_load": sown["expert_load"]}
