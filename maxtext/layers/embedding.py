@@ -34,5 +34,9 @@ class Embedder(nnx.Module):
 
   def attend(self, x_BLD: jax.Array) -> jax.Array:
     """Logits [B, L, V] = x . embedding^T (tied output head)."""
-    return jnp.einsum("bld,vd->blv", x_BLD.astype(self.dtype),
-                      self.embedding[...].astype(self.dtype))
+    # Batch and length go into one axis, as in `linear.Linear` (the table's
+    # gradient then needs no transposed copy of the logits' gradient).
+    x_TD = x_BLD.reshape(-1, x_BLD.shape[-1]).astype(self.dtype)
+    logits_TV = jnp.einsum("td,vd->tv", x_TD,
+                           self.embedding[...].astype(self.dtype))
+    return logits_TV.reshape(*x_BLD.shape[:-1], -1)

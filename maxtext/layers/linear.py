@@ -52,10 +52,17 @@ class Linear(nnx.Module):
     # a quantized teacher) is no array and cannot be cast.
     if kernel.dtype != self.dtype:
       kernel = kernel.astype(self.dtype)
-    contracting = tuple(range(x.ndim - self.num_in, x.ndim))
+    # The leading (batch) axes go into one: with several, the weight
+    # gradient's dot contracts two axes of the output gradient, and XLA CPU
+    # then copies that whole gradient transposed (for the vocabulary
+    # projection, a [V, B*L] copy) before the dot; with one it does not.
+    # The reshapes are free.
+    batch_shape = x.shape[:x.ndim - self.num_in]
+    x = x.reshape((-1, *x.shape[len(batch_shape):]))
     y = jax.lax.dot_general(x.astype(self.dtype), kernel,
-                            ((contracting, tuple(range(self.num_in))),
-                             ((), ())))
+                            ((tuple(range(1, x.ndim)),
+                              tuple(range(self.num_in))), ((), ())))
+    y = y.reshape((*batch_shape, *y.shape[1:]))
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
     return y

@@ -1,7 +1,10 @@
 """Tests of the multi-axis Linear projection."""
 
+import re
+
 from absl.testing import absltest
 from flax import nnx
+import jax
 import numpy as np
 
 from maxtext.layers import linear
@@ -19,6 +22,32 @@ class LinearTest(absltest.TestCase):
     np.testing.assert_allclose(layer(x), want, rtol=1e-5, atol=1e-6)
     self.assertEqual(layer.kernel.get_metadata()["out_sharding"],
                      ("heads", "head_dim", "embed"))
+
+  def test_gradients_of_batched_input_need_no_transposed_copy(self):
+    # [B, L, D] -> [V]: the kernel's gradient contracts B and L of the
+    # output gradient. Compiled for CPU it must read that gradient as it is,
+    # not copy it transposed to [V, B * L] first (about half the step of a
+    # small model's vocabulary projection, before the input was flattened).
+    layer = linear.Linear((16,), (96,), in_axes=("embed",),
+                          out_axes=("vocab",), dtype="float32",
+                          param_dtype="float32", rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(layer)
+    rng = np.random.RandomState(0)
+    x = rng.normal(size=(4, 8, 16)).astype(np.float32)
+    g = rng.normal(size=(4, 8, 96)).astype(np.float32)
+
+    def objective(params, x):
+      return (nnx.merge(graphdef, params)(x) * g).sum()
+
+    grad_fn = jax.jit(jax.grad(objective, argnums=(0, 1)))
+    hlo = grad_fn.lower(params, x).compile().as_text()
+    self.assertEmpty(re.findall(r"= f32\[96,32\]", hlo))
+    dparams, dx = grad_fn(params, x)
+    kernel = np.asarray(layer.kernel[...])
+    np.testing.assert_allclose(dparams["kernel"][...],
+                               np.einsum("bld,blv->dv", x, g), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(dx, g @ kernel.T, rtol=1e-5, atol=1e-5)
 
   def test_init_scale_follows_fan_in(self):
     layer = linear.Linear((256,), (8, 64), in_axes=("embed",),
