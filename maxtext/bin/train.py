@@ -2,7 +2,9 @@ r"""Trains a language model from a config file.
 
 Metrics, TensorBoard events, checkpoints and the resolved config go to
 --workdir; running again with the same workdir resumes from its newest usable
-checkpoint (parameters, optimizer and data position).
+checkpoint (parameters, optimizer and data position). Compiled programs go to
+JAX's persistent compilation cache (--compilation_cache_dir, by default in the
+workdir), so a rerun of the same config loads them instead of compiling.
 
 Example (the small Gemma 3 on Shakespeare, a few minutes on a CPU):
 
@@ -33,6 +35,7 @@ Exit status:
 """
 
 import functools
+import os
 import sys
 
 from absl import app
@@ -65,6 +68,12 @@ _COMPILED = flags.DEFINE_string(
     "A train step compiled ahead of time by `aot_compile --save` for this"
     " config and topology; refused, naming the differences, if it was"
     " compiled for another.")
+_COMPILATION_CACHE_DIR = flags.DEFINE_string(
+    "compilation_cache_dir", None,
+    "JAX's persistent compilation cache: a run (or a resumed run) whose"
+    " programs are in it loads them instead of compiling. Default: the"
+    " workdir's compilation_cache folder, or $JAX_COMPILATION_CACHE_DIR when"
+    " set; empty: off.")
 _COORDINATOR_ADDRESS = flags.DEFINE_string(
     "coordinator_address", None,
     "Multi-process runs: host:port of process 0's coordinator (the same on"
@@ -106,6 +115,21 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     raise SystemExit(preemption.EXIT_CODE_PREEMPTED)
 
 
+def use_compilation_cache(flag_value: str | None, workdir: str) -> str:
+  """Points JAX's persistent compilation cache at `flag_value` (None: the
+  workdir's `compilation_cache`, unless $JAX_COMPILATION_CACHE_DIR is set;
+  empty: no cache); returns the folder in use ("" for none)."""
+  if flag_value is None:
+    flag_value = (os.environ.get("JAX_COMPILATION_CACHE_DIR") or
+                  os.path.join(workdir, "compilation_cache"))
+  if flag_value:
+    jax.config.update("jax_compilation_cache_dir",
+                      workdir_lib.user_path(flag_value))
+    # Every program of the run, not only those above JAX's 1 s default.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  return flag_value
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -118,7 +142,9 @@ def main(argv: list[str]) -> None:
                jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count(),
                jax.devices()[0].device_kind)
-  logging.info("Config %s, workdir %s.", config_path, workdir)
+  cache = use_compilation_cache(_COMPILATION_CACHE_DIR.value, workdir)
+  logging.info("Config %s, workdir %s, compilation cache %s.", config_path,
+               workdir, cache or "off")
   if jax.process_index() != 0:
     logging.set_verbosity(logging.WARNING)  # Process 0 logs the run.
   run(_CONFIG.value, workdir,

@@ -24,6 +24,7 @@ from maxtext.checkpoint import integrity
 from maxtext.checkpoint import manager as checkpoint_lib
 from maxtext.metrics import writers
 from maxtext.trainers import workdir as workdir_lib
+from testing import train_process
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -191,6 +192,39 @@ class TrainBinaryTest(absltest.TestCase):
     last = result.stderr.strip().splitlines()[-1]
     self.assertTrue(last.startswith("train: error: ValueError: "), last)
     self.assertIn("tensor", last)
+
+  def test_a_second_run_loads_its_train_step_from_the_cache(self):
+    first, second = (self.create_tempdir().full_path for _ in range(2))
+    env = train_process.child_env(1)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # Bazel's shared test cache.
+    env["JAX_LOG_COMPILES"] = "1"  # JAX then logs cache hits as warnings.
+    cache = os.path.join(first, "compilation_cache")  # The default.
+    hit = "Persistent compilation cache hit for 'jit_train_step'"
+
+    def train(workdir, flags=None):
+      result = subprocess.run(
+          train_process.train_argv(workdir, {"train.steps": 2}, flags),
+          cwd=_ROOT, env=env, capture_output=True, text=True, timeout=300,
+          check=False)
+      self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+      self.assertEqual(sorted(train_process.losses(workdir)), [1, 2])
+      return result.stderr
+
+    self.assertNotIn(hit, train(first))
+    self.assertTrue([name for name in os.listdir(cache)
+                     if name.startswith("jit_train_step")])
+    self.assertIn(hit, train(second, {"compilation_cache_dir": cache}))
+
+  def test_the_cache_flag_chooses_the_folder_or_turns_the_cache_off(self):
+    with mock.patch.object(train.jax.config, "update") as update:
+      self.assertEqual(train.use_compilation_cache("", "/w"), "")
+      update.assert_not_called()
+      with mock.patch.dict(os.environ, {"JAX_COMPILATION_CACHE_DIR": "/c"}):
+        self.assertEqual(train.use_compilation_cache(None, "/w"), "/c")
+      update.assert_any_call("jax_compilation_cache_dir", "/c")
+      with mock.patch.dict(os.environ, {"JAX_COMPILATION_CACHE_DIR": ""}):
+        self.assertEqual(train.use_compilation_cache(None, "/w"),
+                         "/w/compilation_cache")
 
 
 if __name__ == "__main__":
