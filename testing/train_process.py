@@ -40,13 +40,9 @@ _RESTORED_LINE = re.compile(r"Restored (\S+): resuming after update (\d+)\.")
 
 
 def child_env(num_devices: int) -> dict[str, str]:
-  """The environment of a child with `num_devices` fake CPU devices (and
-  this process's other XLA flags, e.g. the tests' cheap compilation)."""
+  """The environment of a child with `num_devices` fake CPU devices."""
   env = {k: v for k, v in os.environ.items() if k not in _CLUSTER_VARS}
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
-  env["XLA_FLAGS"] = " ".join(
-      [f"--xla_force_host_platform_device_count={num_devices}", *flags])
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
   env["JAX_PLATFORMS"] = "cpu"
   # Under Bazel the stub's PYTHONPATH is inherited; outside, the repo root.
   env["PYTHONPATH"] = os.pathsep.join(
