@@ -4,7 +4,8 @@ For each `--shapes` entry (`shapes.SHAPES`; `small`'s global batch is
 `--small_batch`) prints compile seconds, the median step time of `--steps`
 updates after `--warmup_steps`, tokens/s, model TFLOP/s and MFU per device
 (MFU against the matmul FLOP/s that `matmul_peak` measures right before, in
-the same dtype, for each of `--dtypes`), and peak memory. Random tokens
+the same dtype, for each of `--dtypes`, or against `--peak_tflops`), and
+peak memory. Random tokens
 (data.source "synthetic"), no checkpoints. Figures only; on a shared
 machine run it alternately with whatever it is compared to:
 
@@ -36,6 +37,10 @@ _STEPS = flags.DEFINE_integer("steps", 5, "Timed updates.", lower_bound=1)
 _WARMUP_STEPS = flags.DEFINE_integer("warmup_steps", 2,
                                      "Untimed updates after compilation.",
                                      lower_bound=0)
+_PEAK_TFLOPS = flags.DEFINE_float(
+    "peak_tflops", 0.0,
+    "Peak TFLOP/s per device for MFU, e.g. 989 for an H100/H200 in bf16;"
+    " 0 measures it (`matmul_peak`).", lower_bound=0.0)
 _SMALL_BATCH = flags.DEFINE_integer("small_batch", 8,
                                     "Global batch of `small`.", lower_bound=1)
 _FSDP = flags.DEFINE_bool(
@@ -68,9 +73,12 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   for dtype in _DTYPES.value:
-    peak = matmul_peak.matmul_flops_per_s(dtype)
+    if _PEAK_TFLOPS.value:
+      peak, source = _PEAK_TFLOPS.value * 1e12, "given"
+    else:
+      peak, source = matmul_peak.matmul_flops_per_s(dtype), "measured"
     print(f"devices {jax.device_count()} x {jax.devices()[0].device_kind};"
-          f" measured {dtype} matmul peak {peak / 1e12:.4f} TFLOP/s/device")
+          f" {source} {dtype} matmul peak {peak / 1e12:.4f} TFLOP/s/device")
     for shape in _SHAPES.value:
       experiment = shapes_lib.experiment_config(
           shape, dtype, _SMALL_BATCH.value, fsdp=_FSDP.value)
@@ -83,7 +91,7 @@ def main(argv: list[str]) -> None:
             f" {figures['perf/tokens_per_s_per_device']:.1f}"
             " tokens/s/device,"
             f" {figures['perf/tflops_per_s_per_device']:.4f} TFLOP/s/device,"
-            f" MFU {100 * figures['perf/mfu']:.1f}% of measured peak, peak"
+            f" MFU {100 * figures['perf/mfu']:.1f}% of {source} peak, peak"
             f" memory {memory.peak_memory()}")
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ step, then runs `--warmup_steps` updates, records `--steps` more with
 `jax.profiler.trace` and prints the `--top` XLA ops by time summed over
 those steps: each op's milliseconds per step, its share of all op time, how
 often it ran per step, its HLO shape and opcode and the JAX operation it
-came from (the op's `op_name` metadata in the compiled HLO). Op times are
+came from (the op's `op_name` metadata in the compiled HLO), then the
+shares of op kinds (names without their number: YNNPACK dot fusions,
+transposing copies, collectives, ...). Op times are
 summed over threads, so on a multi-core CPU ops that overlap add up to more
 than the step's wall time. Figures only; on a shared machine the shares are
 more telling than the milliseconds.
@@ -167,6 +169,11 @@ def main(argv: list[str]) -> None:
     print(f"{1e3 * op_s / _STEPS.value:9.1f} {100 * op_s / total:5.1f}%"
           f" {counts[op] // _STEPS.value:5d}  {op}  [{shape} {opcode}]"
           f"  {op_name}")
+  by_kind = collections.Counter()
+  for op, op_s in seconds.items():
+    by_kind[op.split(".")[0]] += op_s  # "ynn_fusion.12" -> "ynn_fusion"
+  print("by kind: " + ", ".join(f"{kind} {100 * op_s / total:.1f}%"
+                                for kind, op_s in by_kind.most_common(8)))
 
 
 if __name__ == "__main__":

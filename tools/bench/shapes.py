@@ -9,6 +9,10 @@ mesh):
          32000, seq 256, global batch 8 (18.5M parameters)
   small  emb 768, 12 heads of 64, 12 kv heads, MLP 3072, 6 layers, vocab
          32000, seq 512, global batch `small_batch` (about 106M)
+  llama3-8b  Llama 3 8B's widths (emb 4096, 32 heads of 128, 8 kv heads,
+         MLP 14336, vocab 128256, seq 8192) at reduced depth, 4 of its 32
+         layers (1.9B parameters), global batch `small_batch`: for a GPU
+         (`gpu_h200.sh`), too large to train on these CPUs
 """
 
 from configs import llama3
@@ -20,6 +24,9 @@ SHAPES = {
                  mlp_dim=1024, num_layers=2, vocab_size=32_000, seq_len=256),
     "small": dict(embed_dim=768, num_heads=12, num_kv_heads=12, head_dim=64,
                   mlp_dim=3072, num_layers=6, vocab_size=32_000, seq_len=512),
+    "llama3-8b": dict(embed_dim=4096, num_heads=32, num_kv_heads=8,
+                      head_dim=128, mlp_dim=14336, num_layers=4,
+                      vocab_size=128_256, seq_len=8192),
 }
 
 
