@@ -40,6 +40,9 @@ class Constrainer(Protocol):
   def constrain(self, x: jax.Array,
                 names: Sequence[str | None]) -> jax.Array: ...
 
+  def compute_spec(self, names: Sequence[str | None],
+                   shape: Sequence[int]) -> jax.sharding.PartitionSpec: ...
+
 
 _CONSTRAINER: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "maxtext_activation_sharding", default=None)
@@ -70,6 +73,14 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   if constrainer is None:
     return x
   return constrainer.constrain(x, names)
+
+
+def splits(name: str, size: int) -> bool:
+  """Whether the activation sharding in effect splits logical axis `name`
+  of size `size` over devices (False outside `activation_sharding`)."""
+  constrainer = _CONSTRAINER.get()
+  return (constrainer is not None and
+          constrainer.compute_spec((name,), (size,))[0] is not None)
 
 
 def param(value: jax.Array, names: Sequence[str]) -> nnx.Param:

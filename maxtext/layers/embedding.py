@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from maxtext.common import axes
+from maxtext.layers import linear
 
 
 class Embedder(nnx.Module):
@@ -34,9 +35,11 @@ class Embedder(nnx.Module):
 
   def attend(self, x_BLD: jax.Array) -> jax.Array:
     """Logits [B, L, V] = x . embedding^T (tied output head)."""
-    # Batch and length go into one axis, as in `linear.Linear` (the table's
-    # gradient then needs no transposed copy of the logits' gradient).
-    x_TD = x_BLD.reshape(-1, x_BLD.shape[-1]).astype(self.dtype)
-    logits_TV = jnp.einsum("td,vd->tv", x_TD,
-                           self.embedding[...].astype(self.dtype))
+    x_BLD = x_BLD.astype(self.dtype)
+    table_VD = self.embedding[...].astype(self.dtype)
+    if not linear.fold_batch(x_BLD.shape[:-1]):
+      return jnp.einsum("bld,vd->blv", x_BLD, table_VD)
+    # Batch and length in one axis (see `linear.fold_batch`).
+    logits_TV = jnp.einsum("td,vd->tv", x_BLD.reshape(-1, x_BLD.shape[-1]),
+                           table_VD)
     return logits_TV.reshape(*x_BLD.shape[:-1], -1)

@@ -15,6 +15,21 @@ from flax import nnx
 from maxtext.common import axes
 
 
+def fold_batch(batch_shape: tuple[int, ...]) -> bool:
+  """Whether a projection folds its input's leading axes [B, L, ...] into
+  one before its dot.
+
+  With several, the kernel's gradient contracts two axes of the output
+  gradient, and XLA CPU then copies that whole gradient transposed before
+  the dot (for the vocabulary projection a [V, B * L] copy, a fifth of a
+  small model's step); with one it does not, and the reshapes are free. Not
+  where the activation sharding splits the length (sequence parallelism):
+  the partitioner then gathers the folded axis.
+  """
+  return len(batch_shape) > 1 and not axes.splits(axes.LENGTH,
+                                                  batch_shape[1])
+
+
 class Linear(nnx.Module):
   """Projection `y = x . kernel (+ bias)` over the trailing input axes."""
 
@@ -52,17 +67,14 @@ class Linear(nnx.Module):
     # a quantized teacher) is no array and cannot be cast.
     if kernel.dtype != self.dtype:
       kernel = kernel.astype(self.dtype)
-    # The leading (batch) axes go into one: with several, the weight
-    # gradient's dot contracts two axes of the output gradient, and XLA CPU
-    # then copies that whole gradient transposed (for the vocabulary
-    # projection, a [V, B*L] copy) before the dot; with one it does not.
-    # The reshapes are free.
     batch_shape = x.shape[:x.ndim - self.num_in]
-    x = x.reshape((-1, *x.shape[len(batch_shape):]))
+    if fold_batch(batch_shape):
+      x = x.reshape((-1, *x.shape[len(batch_shape):]))
+    contracting = tuple(range(x.ndim - self.num_in, x.ndim))
     y = jax.lax.dot_general(x.astype(self.dtype), kernel,
-                            ((tuple(range(1, x.ndim)),
-                              tuple(range(self.num_in))), ((), ())))
-    y = y.reshape((*batch_shape, *y.shape[1:]))
+                            ((contracting, tuple(range(self.num_in))),
+                             ((), ())))
+    y = y.reshape((*batch_shape, *y.shape[x.ndim - self.num_in:]))
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
     return y

@@ -29,9 +29,11 @@ from maxtext.trainers import train_step as train_step_lib
 from testing import devices
 
 # Loss and gradients: float32, the schedules sum in different orders
-# (measured: loss within 1.1e-7 relative, gradients within 2.7e-6 absolute).
+# (measured: loss within 1.1e-7 relative, gradients within 2.7e-6 absolute;
+# folding batch and length in the projections, `linear.fold_batch`, moved
+# one tied-embedding gradient of 0.04 by 1.5e-6, over rtol 1e-5 alone).
 _RTOL = 1e-5
-_ATOL = 1e-6
+_ATOL = 5e-6
 # Only the MLP weights, their gradients and the MLP's hidden activations
 # (which need no collective on these meshes) have a dimension of this size.
 _MLP_DIM = 48
