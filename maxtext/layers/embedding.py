@@ -35,11 +35,7 @@ class Embedder(nnx.Module):
 
   def attend(self, x_BLD: jax.Array) -> jax.Array:
     """Logits [B, L, V] = x . embedding^T (tied output head)."""
-    x_BLD = x_BLD.astype(self.dtype)
     table_VD = self.embedding[...].astype(self.dtype)
-    if not linear.fold_batch(x_BLD.shape[:-1]):
-      return jnp.einsum("bld,vd->blv", x_BLD, table_VD)
-    # Batch and length in one axis (see `linear.fold_batch`).
-    logits_TV = jnp.einsum("td,vd->tv", x_BLD.reshape(-1, x_BLD.shape[-1]),
-                           table_VD)
-    return logits_TV.reshape(*x_BLD.shape[:-1], -1)
+    return linear.batch_folded(
+        lambda x: jnp.einsum("...d,vd->...v", x, table_VD),
+        x_BLD.astype(self.dtype), num_in=1)

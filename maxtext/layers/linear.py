@@ -6,6 +6,7 @@ input. Examples: queries `[D] -> [H, K]`, attention output `[H, K] -> [D]`.
 An optional bias has shape `out_shape` and axis names `out_axes`.
 """
 
+from collections.abc import Callable
 from collections.abc import Sequence
 
 import jax
@@ -28,6 +29,18 @@ def fold_batch(batch_shape: tuple[int, ...]) -> bool:
   """
   return len(batch_shape) > 1 and not axes.splits(axes.LENGTH,
                                                   batch_shape[1])
+
+
+def batch_folded(project: Callable[[jax.Array], jax.Array], x: jax.Array,
+                 num_in: int) -> jax.Array:
+  """`project(x)` for a projection that contracts the last `num_in` axes of
+  `x`, with x's leading axes folded into one where `fold_batch` says so
+  (and the result's unfolded again)."""
+  batch_shape = x.shape[:x.ndim - num_in]
+  if fold_batch(batch_shape):
+    x = x.reshape((-1, *x.shape[len(batch_shape):]))
+  y = project(x)
+  return y.reshape((*batch_shape, *y.shape[x.ndim - num_in:]))
 
 
 class Linear(nnx.Module):
@@ -67,14 +80,14 @@ class Linear(nnx.Module):
     # a quantized teacher) is no array and cannot be cast.
     if kernel.dtype != self.dtype:
       kernel = kernel.astype(self.dtype)
-    batch_shape = x.shape[:x.ndim - self.num_in]
-    if fold_batch(batch_shape):
-      x = x.reshape((-1, *x.shape[len(batch_shape):]))
-    contracting = tuple(range(x.ndim - self.num_in, x.ndim))
-    y = jax.lax.dot_general(x.astype(self.dtype), kernel,
-                            ((contracting, tuple(range(self.num_in))),
-                             ((), ())))
-    y = y.reshape((*batch_shape, *y.shape[x.ndim - self.num_in:]))
+
+    def project(x):
+      contracting = tuple(range(x.ndim - self.num_in, x.ndim))
+      return jax.lax.dot_general(x.astype(self.dtype), kernel,
+                                 ((contracting, tuple(range(self.num_in))),
+                                  ((), ())))
+
+    y = batch_folded(project, x, self.num_in)
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
     return y
