@@ -41,6 +41,48 @@ from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers.train_state import TrainState
 
 
+@jax.custom_vjp
+def log_z_and_target_logit(logits_BLV: jax.Array, targets_BL: jax.Array
+                           ) -> tuple[jax.Array, jax.Array]:
+  """(log Z, the target's logit) [B, L] of float32 logits [B, L, V].
+
+  Both are reductions over the vocabulary (the target's logit a masked sum,
+  not a gather), so they partition over a vocabulary split across devices
+  (`maxtext.layers.vocab_parallel`) with [B, L]-sized all-reduces. The
+  gradient is one elementwise pass over the logits,
+  g_z * softmax + g_t * one_hot, recomputing the softmax from the logits
+  and log Z instead of keeping it and writing no one-hot or scatter buffer.
+  """
+  return _log_z_and_target_logit(logits_BLV, targets_BL)[0]
+
+
+def _is_target(logits_BLV: jax.Array, targets_BL: jax.Array) -> jax.Array:
+  return (jnp.arange(logits_BLV.shape[-1], dtype=jnp.int32) ==
+          targets_BL[..., None].astype(jnp.int32))
+
+
+def _log_z_and_target_logit(logits_BLV, targets_BL):
+  max_BL = jax.lax.stop_gradient(logits_BLV.max(-1))
+  exp_BLV = jnp.exp(logits_BLV - max_BL[..., None])
+  sum_BL = exp_BLV.sum(-1)
+  log_z_BL = max_BL + jnp.log(sum_BL)
+  target_logit_BL = jnp.take_along_axis(
+      logits_BLV, targets_BL[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  return (log_z_BL, target_logit_BL), (exp_BLV, sum_BL, targets_BL)
+
+
+def _log_z_and_target_logit_bwd(residuals, grads):
+  exp_BLV, sum_BL, targets_BL = residuals
+  g_log_z_BL, g_target_BL = grads
+  d_logits_BLV = (g_log_z_BL / sum_BL)[..., None] * exp_BLV + jnp.where(
+      _is_target(exp_BLV, targets_BL), g_target_BL[..., None], 0.0)
+  return d_logits_BLV, None
+
+
+log_z_and_target_logit.defvjp(_log_z_and_target_logit,
+                              _log_z_and_target_logit_bwd)
+
+
 def cross_entropy(logits_BLV: jax.Array, targets_BL: jax.Array,
                   mask_BL: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Masked mean cross-entropy and masked mean log(Z)^2.
@@ -53,10 +95,8 @@ def cross_entropy(logits_BLV: jax.Array, targets_BL: jax.Array,
   Returns:
     (loss, z_loss_term), float32 scalars; both 0 when the mask is empty.
   """
-  logits_BLV = logits_BLV.astype(jnp.float32)
-  log_z_BL = jax.nn.logsumexp(logits_BLV, axis=-1)
-  target_logit_BL = jnp.take_along_axis(
-      logits_BLV, targets_BL[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  log_z_BL, target_logit_BL = log_z_and_target_logit(
+      logits_BLV.astype(jnp.float32), targets_BL)
   weights_BL = mask_BL.astype(jnp.float32)
   denominator = jnp.maximum(weights_BL.sum(), 1.0)
   loss = ((log_z_BL - target_logit_BL) * weights_BL).sum() / denominator
