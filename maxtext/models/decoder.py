@@ -82,6 +82,7 @@ from maxtext.layers import attention
 from maxtext.layers import embedding
 from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import linear
+from maxtext.layers import vocab_parallel
 from maxtext.layers import mla
 from maxtext.layers import mlp
 from maxtext.layers import moe
@@ -286,11 +287,26 @@ class Decoder(nnx.Module):
   def _logits(self, x_BLD: jax.Array) -> jax.Array:
     """float32 logits [B, L, V] of final-normalised states."""
     if self.head is None:
-      logits_BLV = self.embedder.attend(x_BLD)
+      kernel, names, dtype = (self.embedder.embedding[...],
+                              (axes.VOCAB, axes.EMBED), self.embedder.dtype)
     else:
-      logits_BLV = self.head(x_BLD)
-    logits_BLV = axes.constrain(logits_BLV.astype(jnp.float32),
-                                (axes.BATCH, axes.LENGTH, axes.VOCAB))
+      kernel, names, dtype = (self.head.kernel[...],
+                              (axes.EMBED, axes.VOCAB), self.head.dtype)
+    logits_BLV = None
+    # Not under qwix (quantization, LoRA): it intercepts the head's own
+    # matmul, and its kernel may be no array.
+    if (not hasattr(type(self), "_unquantized_type") and
+        isinstance(kernel, jax.Array)):
+      logits_BLV = vocab_parallel.logits(x_BLD.astype(dtype),
+                                         kernel.astype(dtype), names)
+    if logits_BLV is None:
+      if self.head is None:
+        logits_BLV = self.embedder.attend(x_BLD)
+      else:
+        logits_BLV = self.head(x_BLD)
+      logits_BLV = axes.constrain(logits_BLV,
+                                  (axes.BATCH, axes.LENGTH, axes.VOCAB))
+    logits_BLV = logits_BLV.astype(jnp.float32)
     if self.cfg.final_logit_softcap:
       cap = self.cfg.final_logit_softcap
       logits_BLV = cap * jnp.tanh(logits_BLV / cap)
