@@ -4,12 +4,16 @@ and gradients equal the plain projection on the unsharded arrays, the
 compiled gradient neither gathers nor all-reduces the whole kernel, the
 plain projection is kept where splitting the vocabulary gains nothing, and
 a tiny Llama (untied head) and Gemma 3 (tied embedding) under FSDP give the
-single-device loss and gradients."""
+single-device loss and gradients, and a head quantized by qwix keeps its
+quantization there (qwix intercepts the head's own matmul)."""
 
+import dataclasses
+import functools
 import re
 
 from absl.testing import absltest
 from absl.testing import parameterized
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +25,9 @@ from configs import llama3
 from maxtext.common import axes
 from maxtext.common.model_config import ModelConfig
 from maxtext.layers import vocab_parallel
+from maxtext.models import registry
+from maxtext.quant import ptq
+from maxtext.quant import qat
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
 from maxtext.trainers import train_state as train_state_lib
@@ -138,7 +145,8 @@ class VocabParallelTest(parameterized.TestCase):
 def _config(family: str) -> ModelConfig:
   if family == "llama3":  # Untied output head.
     values = llama3.get_config().model.to_dict()
-    values.update(num_heads=4, num_kv_heads=2, head_dim=8)
+    values.update(num_heads=4, num_kv_heads=2, head_dim=8,
+                  tie_embeddings=False)
   else:  # Tied embedding table.
     values = gemma3.get_config().model.to_dict()
     values.update(num_heads=2, num_kv_heads=1, head_dim=8,
@@ -186,6 +194,39 @@ class VocabParallelModelTest(parameterized.TestCase):
         lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-4,
                                                      atol=1e-6),
         grads, want_grads)
+
+  @parameterized.parameters("ptq", "qat")
+  def test_a_head_quantized_by_qwix_keeps_its_quantization(self, method):
+    # PTQ stores the kernel as a qwix array; QAT keeps a plain array and
+    # fake-quantizes inside the head's intercepted matmul.
+    config = dataclasses.replace(_config("llama3"), scan_layers=False)
+    model = registry.create_model(config, rngs=nnx.Rngs(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(
+        0, _V, size=(_B, 16)), jnp.int32)
+    if method == "ptq":
+      quantized = ptq.quantize_for_decode(model,
+                                          ptq.PtqConfig(module_path="head"))
+    else:
+      quantized = qat.quantize_for_training(
+          model, qat.QatConfig(qtype="int8", module_path="head"), tokens)
+    # Both runs start from the same state (QAT updates its statistics).
+    graphdef, state = nnx.split(quantized)
+    rules = _rules(fsdp=8)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def logits(rules, state, tokens):
+      with axes.activation_sharding(rules):
+        return nnx.merge(graphdef, state)(tokens)
+
+    want = logits(None, state, tokens)
+    self.assertGreater(float(jnp.abs(want - model(tokens)).max()), 1e-4)
+    tokens = jax.device_put(tokens, rules.batch_sharding(tokens.shape))
+    # The head keeps its own (intercepted) projection: no kernel exchange.
+    hlo = logits.lower(rules, state, tokens).compile().as_text()
+    self.assertFalse("all-to-all" in hlo, "the head ran vocabulary-parallel")
+    if method == "ptq":  # QAT's fake quantization is not shard-invariant.
+      np.testing.assert_allclose(logits(rules, state, tokens), want,
+                                 rtol=1e-5, atol=1e-5)
 
 
 if __name__ == "__main__":

@@ -293,8 +293,9 @@ class Decoder(nnx.Module):
       kernel, names, dtype = (self.head.kernel[...],
                               (axes.EMBED, axes.VOCAB), self.head.dtype)
     logits_BLV = None
-    # Not under qwix (quantization, LoRA): it intercepts the head's own
-    # matmul, and its kernel may be no array.
+    # Not under qwix: it intercepts the head's own matmul (QAT, LoRA) or
+    # replaces its kernel (PTQ). A model it quantized or adapted has a class
+    # of its making, marked `_unquantized_type` (qwix has no public query).
     if (not hasattr(type(self), "_unquantized_type") and
         isinstance(kernel, jax.Array)):
       logits_BLV = vocab_parallel.logits(x_BLD.astype(dtype),
