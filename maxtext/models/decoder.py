@@ -82,7 +82,6 @@ from maxtext.layers import attention
 from maxtext.layers import embedding
 from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import linear
-from maxtext.layers import vocab_parallel
 from maxtext.layers import mla
 from maxtext.layers import mlp
 from maxtext.layers import moe
@@ -90,6 +89,7 @@ from maxtext.layers import norm
 from maxtext.layers import pipeline
 from maxtext.layers import remat
 from maxtext.layers import rope
+from maxtext.layers import vocab_parallel
 from maxtext.models import mtp
 
 _RESIDUAL = (axes.BATCH, axes.LENGTH, axes.EMBED)

@@ -46,12 +46,12 @@ def log_z_and_target_logit(logits_BLV: jax.Array, targets_BL: jax.Array
                            ) -> tuple[jax.Array, jax.Array]:
   """(log Z, the target's logit) [B, L] of float32 logits [B, L, V].
 
-  Both are reductions over the vocabulary (the target's logit a masked sum,
-  not a gather), so they partition over a vocabulary split across devices
-  (`maxtext.layers.vocab_parallel`) with [B, L]-sized all-reduces. The
-  gradient is one elementwise pass over the logits,
-  g_z * softmax + g_t * one_hot, recomputing the softmax from the logits
-  and log Z instead of keeping it and writing no one-hot or scatter buffer.
+  The gradient is one elementwise pass over the logits,
+  g_z * softmax + g_t * one_hot, with the softmax from the exponentials the
+  forward pass keeps; autodiff of the target's gather would instead
+  zero-fill a [B, L, V] buffer and scatter into it. Both outputs partition
+  over a vocabulary split across devices (`maxtext.layers.vocab_parallel`):
+  log Z with [B, L]-sized all-reduces, the gather as a masked local gather.
   """
   return _log_z_and_target_logit(logits_BLV, targets_BL)[0]
 
@@ -62,7 +62,9 @@ def _is_target(logits_BLV: jax.Array, targets_BL: jax.Array) -> jax.Array:
 
 
 def _log_z_and_target_logit(logits_BLV, targets_BL):
-  max_BL = jax.lax.stop_gradient(logits_BLV.max(-1))
+  max_BL = logits_BLV.max(-1)
+  # A row of -inf logits would give inf - inf (as in jax.nn.logsumexp).
+  max_BL = jnp.where(jnp.isfinite(max_BL), max_BL, 0.0)
   exp_BLV = jnp.exp(logits_BLV - max_BL[..., None])
   sum_BL = exp_BLV.sum(-1)
   log_z_BL = max_BL + jnp.log(sum_BL)
