@@ -83,6 +83,15 @@ def splits(name: str, size: int) -> bool:
           constrainer.compute_spec((name,), (size,))[0] is not None)
 
 
+def spec_axes(spec: jax.sharding.PartitionSpec,
+              ndim: int) -> tuple[tuple[str, ...], ...]:
+  """The mesh axes that split each of `ndim` dimensions under `spec`, one
+  tuple per dimension (() where it is not split)."""
+  entries = tuple(spec) + (None,) * (ndim - len(spec))
+  return tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e)
+               for e in entries)
+
+
 def param(value: jax.Array, names: Sequence[str]) -> nnx.Param:
   """A parameter whose axes carry logical names (one per dimension).
 

@@ -274,9 +274,8 @@ def expert_parallel_rules(num_experts: int, tokens: int):
   if rules.compute_spec((EXPERTS,), (num_experts,)) != (
       jax.sharding.PartitionSpec(EXPERT_AXIS)):
     return None
-  token_axes = rules.compute_spec((axes.BATCH,), (tokens,))[0]
-  if not isinstance(token_axes, tuple):
-    token_axes = (token_axes,)
+  token_axes, = axes.spec_axes(
+      rules.compute_spec((axes.BATCH,), (tokens,)), 1)
   return rules if EXPERT_AXIS in token_axes else None
 
 

@@ -37,13 +37,6 @@ from jax.sharding import PartitionSpec
 from maxtext.common import axes
 
 
-def _mesh_axes(entry) -> tuple[str, ...]:
-  """The mesh axes of one `PartitionSpec` entry, as a tuple."""
-  if entry is None:
-    return ()
-  return entry if isinstance(entry, tuple) else (entry,)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Plan:
   """How `logits` splits one head projection.
@@ -73,10 +66,11 @@ def _plan(names: tuple[str, str], shape: tuple[int, int],
   if rules is None or not hasattr(rules, "param_spec"):
     return None
   batch, length = batch_shape
-  kernel_spec = rules.param_spec(names, shape)
-  group = _mesh_axes(kernel_spec[names.index(axes.EMBED)])
-  vocab_axes = _mesh_axes(kernel_spec[names.index(axes.VOCAB)])
-  token_axes = _mesh_axes(rules.compute_spec((axes.BATCH,), (batch,))[0])
+  kernel_axes = axes.spec_axes(rules.param_spec(names, shape), 2)
+  group = kernel_axes[names.index(axes.EMBED)]
+  vocab_axes = kernel_axes[names.index(axes.VOCAB)]
+  token_axes, = axes.spec_axes(rules.compute_spec((axes.BATCH,), (batch,)),
+                               1)
   if (not group or token_axes[len(token_axes) - len(group):] != group or
       axes.splits(axes.LENGTH, length)):
     return None

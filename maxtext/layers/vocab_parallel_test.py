@@ -56,13 +56,6 @@ def _arrays(names, vocab=_V):
           jnp.asarray(rng.normal(size=(_B, _L, vocab)), jnp.float32))
 
 
-def _axes(spec, ndim):
-  """The mesh axes of each of `ndim` dimensions of `spec`, as tuples."""
-  entries = tuple(spec) + (None,) * (ndim - len(spec))
-  return tuple(() if e is None else e if isinstance(e, tuple) else (e,)
-               for e in entries)
-
-
 def _plain(x, kernel, names):
   equation = "bld,dv->blv" if names == _HEAD else "bld,vd->blv"
   return jnp.einsum(equation, x, kernel)
@@ -110,11 +103,11 @@ class VocabParallelTest(parameterized.TestCase):
     # Split over the vocabulary along fsdp (after tensor), rows only over
     # what splits the batch besides fsdp; the kernel gradient keeps the
     # kernel's stored layout.
-    self.assertEqual(_axes(logits.sharding.spec, 3), (
+    self.assertEqual(axes.spec_axes(logits.sharding.spec, 3), (
         ("data",) if "data" in ici else (), (),
         ("tensor", "fsdp") if "tensor" in ici else ("fsdp",)))
-    self.assertEqual(_axes(grads[1].sharding.spec, 2),
-                     _axes(rules.param_spec(names, kernel.shape), 2))
+    self.assertEqual(axes.spec_axes(grads[1].sharding.spec, 2),
+                     axes.spec_axes(rules.param_spec(names, kernel.shape), 2))
 
   def test_no_whole_kernel_is_gathered_or_all_reduced(self):
     x, kernel, cotangent = _arrays(_HEAD)

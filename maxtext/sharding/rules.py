@@ -133,9 +133,7 @@ def add_mesh_axis(spec: PartitionSpec, shape: Sequence[int], axis: str,
   dimension after the axes already there.
   """
   size = mesh_shape[axis]
-  entries = list(spec) + [None] * (len(shape) - len(spec))
-  entries = [() if e is None else (e,) if isinstance(e, str) else tuple(e)
-             for e in entries]
+  entries = list(axes.spec_axes(spec, len(shape)))
   if size == 1 or any(axis in e for e in entries):
     return spec
   for i, (dim, entry) in enumerate(zip(shape, entries)):
