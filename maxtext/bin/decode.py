@@ -19,6 +19,12 @@ Example:
       --prompt="The capital of France is" --max_new_tokens=32
 """
 
+from maxtext.common import host_memory
+
+# Before the other imports: importing numpy starts a thread.
+host_memory.keep_freed_memory()
+
+# pylint: disable=wrong-import-position
 import dataclasses
 import os
 

@@ -18,6 +18,12 @@ Example:
       --perplexity_data=/data/valid.jsonl
 """
 
+from maxtext.common import host_memory
+
+# Before the other imports: importing numpy starts a thread.
+host_memory.keep_freed_memory()
+
+# pylint: disable=wrong-import-position
 import dataclasses
 import json
 

@@ -20,6 +20,12 @@ Examples (see docs/rl.md):
 Exit status: 0 done; 1 an error, named in one line on stderr.
 """
 
+from maxtext.common import host_memory
+
+# Before the other imports: importing numpy starts a thread.
+host_memory.keep_freed_memory()
+
+# pylint: disable=wrong-import-position
 from maxtext.posttrain import runtime
 from maxtext.rl import grpo
 

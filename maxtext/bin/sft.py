@@ -22,6 +22,12 @@ Example (LoRA on a converted SmolLM2-135M-Instruct, see docs/posttrain.md):
 Exit status: 0 done; 1 an error, named in one line on stderr.
 """
 
+from maxtext.common import host_memory
+
+# Before the other imports: importing numpy starts a thread.
+host_memory.keep_freed_memory()
+
+# pylint: disable=wrong-import-position
 from maxtext.posttrain import runtime
 from maxtext.posttrain import sft
 

@@ -34,6 +34,12 @@ Exit status:
       command again to resume.
 """
 
+from maxtext.common import host_memory
+
+# Before the other imports: importing numpy starts a thread.
+host_memory.keep_freed_memory()
+
+# pylint: disable=wrong-import-position
 import functools
 import os
 import sys

@@ -13,6 +13,12 @@ machine run it alternately with whatever it is compared to:
       --dtypes=float32,bfloat16
 """
 
+from maxtext.common import host_memory
+
+# Before the other imports: importing numpy starts a thread.
+host_memory.keep_freed_memory()
+
+# pylint: disable=wrong-import-position
 import dataclasses
 import statistics
 import time

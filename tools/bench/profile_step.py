@@ -19,6 +19,12 @@ more telling than the milliseconds.
   tools/bazel run //tools/bench:profile_step -- --shape=tiny --fsdp
 """
 
+from maxtext.common import host_memory
+
+# Before the other imports: importing numpy starts a thread.
+host_memory.keep_freed_memory()
+
+# pylint: disable=wrong-import-position
 import collections
 import glob
 import gzip

@@ -19,6 +19,12 @@ CPU devices: run it alternately (other jobs share the cores) with
       --config.model.moe_impl=dropless   # then =capacity, and again.
 """
 
+from maxtext.common import host_memory
+
+# Before the other imports: importing numpy starts a thread.
+host_memory.keep_freed_memory()
+
+# pylint: disable=wrong-import-position
 import sys
 import time
 
