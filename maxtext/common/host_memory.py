@@ -10,11 +10,15 @@ minor faults and 0.97 s of system time per step, 15 % of its CPU time.
 
 `keep_freed_memory()` makes glibc's malloc keep freed memory for reuse:
 large blocks come from the heap (M_MMAP_MAX 0), the heap is never trimmed
-(M_TRIM_THRESHOLD), and all threads share the main arena (M_ARENA_MAX 1),
-whose heap is not unmapped when it empties. After the first steps the
-process holds its peak and faults no more. The cost: memory freed by the
-process is not returned to the system until it exits, so its resident size
-stays at its peak.
+(M_TRIM_THRESHOLD), and all threads share the main arena (M_ARENA_MAX 1): a
+per-thread arena serves a block larger than its 64 MiB heaps with mmap
+whatever M_MMAP_MAX says, and unmaps its heaps that empty. After the first
+steps the process holds its peak and faults no more. The cost: memory freed
+by the process is not returned to the system until it exits, so its resident
+size stays at its peak; and compiling gets slower (measured +10-40 % on
+issue #14's shapes; the single arena alone costs it, where inside XLA was
+not found), a one-time cost that the persistent compilation cache avoids on
+reruns. Steps got 10-25 % faster on those shapes (`tools/bench/README.md`).
 
 Per-thread arenas are created when a thread first allocates, and the arena
 limit is read then, so this must run before any thread starts (importing

@@ -2,7 +2,7 @@
 
 Each case runs a child process (the setting must precede its threads) that
 calls `keep_freed_memory()` first, then runs a jitted function with a 64 MiB
-temporary and counts the minor page faults of its later calls
+temporary and counts the minor page faults of 5 calls after 10
 (`resource.getrusage`); the same child with $MAXTEXT_KEEP_FREED_MEMORY=0 is
 the control.
 """
@@ -27,13 +27,13 @@ import jax.numpy as jnp
 # threshold of glibc's malloc.
 step = jax.jit(lambda x, w: (x @ w) @ w.T)
 x, w = jnp.ones((16384, 256)), jnp.ones((256, 1024)) / 1024
-for _ in range(3):
+for _ in range(10):
   step(x, w).block_until_ready()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(3):
+for _ in range(5):
   step(x, w).block_until_ready()
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-print(json.dumps({"kept": kept, "faults_per_call": faults / 3}))
+print(json.dumps({"kept": kept, "faults": faults}))
 """
 _PAGES_64_MIB = 64 * 2**20 // 4096
 
@@ -52,10 +52,12 @@ class HostMemoryTest(absltest.TestCase):
     kept, control = _child("1"), _child("0")
     self.assertTrue(kept["kept"])
     self.assertFalse(control["kept"])
-    # The control faults the temporary in again on every call; with the
-    # setting, the calls reuse the memory of the first ones.
-    self.assertGreater(control["faults_per_call"], _PAGES_64_MIB / 2)
-    self.assertLess(kept["faults_per_call"], _PAGES_64_MIB / 100)
+    # The control faults the temporary in again on each of the 5 calls; with
+    # the setting, the calls reuse the memory of the first ones. Under load
+    # the runtime may free a call's buffers after the next call allocated
+    # its own, and the heap then grows once more: up to two temporaries.
+    self.assertGreater(control["faults"], 5 * _PAGES_64_MIB / 2)
+    self.assertLess(kept["faults"], 2 * _PAGES_64_MIB)
 
   def test_bad_setting_names_the_valid_ones(self):
     with absltest.mock.patch.dict("os.environ",
