@@ -13,12 +13,14 @@ large blocks come from the heap (M_MMAP_MAX 0), the heap is never trimmed
 (M_TRIM_THRESHOLD), and all threads share the main arena (M_ARENA_MAX 1): a
 per-thread arena serves a block larger than its 64 MiB heaps with mmap
 whatever M_MMAP_MAX says, and unmaps its heaps that empty. After the first
-steps the process holds its peak and faults no more. The cost: memory freed
-by the process is not returned to the system until it exits, so its resident
-size stays at its peak; and compiling gets slower (measured +10-40 % on
-issue #14's shapes; the single arena alone costs it, where inside XLA was
-not found), a one-time cost that the persistent compilation cache avoids on
-reruns. Steps got 10-25 % faster on those shapes (`tools/bench/README.md`).
+steps the process holds its peak and faults no more (unless the kernel
+reclaims idle pages itself, as DAMON's `pageout` does on some VMs: fewer
+faults there, not none). The cost: memory freed by the process is not
+returned to the system until it exits, so its resident size stays at its
+peak; and compiling gets slower (measured +10-50 % on issue #14's shapes;
+the single arena alone costs it, where inside XLA was not found), a one-time
+cost that the persistent compilation cache avoids on reruns. Steps got
+10-25 % faster on those shapes (`tools/bench/README.md`).
 
 Per-thread arenas are created when a thread first allocates, and the arena
 limit is read then, so this must run before any thread starts (importing
