@@ -57,15 +57,19 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def module_argv(module: str) -> list[str]:
+  """The command line running `module` (e.g. "maxtext.bin.sft") with the
+  interpreter as this test was started (Bazel's adds -S -P)."""
+  return ([sys.executable] + (["-S"] if sys.flags.no_site else []) +
+          (["-P"] if sys.flags.safe_path else []) + ["-m", module])
+
+
 def train_argv(workdir: str, overrides: dict[str, object],
                flags: dict[str, object] | None = None) -> list[str]:
   """The command line training `CONFIG` with `TINY_OVERRIDES` + overrides,
   and other flags of the binary."""
-  # The interpreter as this test was started (Bazel's adds -S -P).
-  interpreter = ([sys.executable] + (["-S"] if sys.flags.no_site else []) +
-                 (["-P"] if sys.flags.safe_path else []))
-  argv = interpreter + ["-m", "maxtext.bin.train", f"--config={CONFIG}",
-                        f"--workdir={workdir}"]
+  argv = module_argv("maxtext.bin.train") + [f"--config={CONFIG}",
+                                             f"--workdir={workdir}"]
   argv += [f"--config.{k}={v}"
            for k, v in {**TINY_OVERRIDES, **overrides}.items()]
   return argv + [f"--{k}={v}" for k, v in (flags or {}).items()]

@@ -5,7 +5,9 @@ checkpoint or workdir) with the method, data and settings of --config
 (configs/sft.py, or configs/dpo.py for DPO/ORPO: this one binary runs every
 method on one model; //maxtext/bin:distill runs two). Metrics go to
 --workdir/metrics.jsonl (and TensorBoard); rerunning with the same workdir
-resumes from its newest Tunix checkpoint. The trained model is written to
+resumes from its newest Tunix checkpoint and loads its compiled steps from
+JAX's persistent compilation cache (--compilation_cache_dir, by default in the
+workdir, as for train, grpo and distill). The trained model is written to
 --workdir/export (LoRA merged into the base weights), which decode and
 convert_ckpt --to_hf read directly; --config.export.hf=true also writes the
 Hugging Face folder, --config.export.peft_adapter=true a PEFT adapter.

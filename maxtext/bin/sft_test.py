@@ -3,6 +3,7 @@ Hugging Face folder that transformers loads with our merged model's logits;
 bad input ends in one line."""
 
 import os
+import subprocess
 import tempfile
 
 from absl import flags
@@ -16,6 +17,7 @@ from maxtext.bin import sft
 from maxtext.checkpoint import params_checkpoint
 from maxtext.metrics import writers
 from maxtext.posttrain import posttrain_testing as pt
+from testing import train_process
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -86,6 +88,36 @@ class SftBinaryTest(absltest.TestCase):
     self.assertNotIn("\n", message)
     self.assertTrue(message.startswith(
         "sft: error: ValueError: SFT needs data.chat_template"), message)
+
+  def test_a_rerun_loads_its_train_step_from_the_cache(self):
+    env = train_process.child_env(1)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # Bazel's shared test cache.
+    env["JAX_LOG_COMPILES"] = "1"  # JAX then logs cache hits as warnings.
+    env["BUILD_WORKING_DIRECTORY"] = self.user_dir  # The relative paths.
+    hit = "Persistent compilation cache hit for 'jit__train_step'"
+
+    def sft_run(workdir, *extra):
+      result = subprocess.run(
+          train_process.module_argv("maxtext.bin.sft") +
+          _argv(f"--workdir={workdir}", *extra)[1:],
+          cwd=self.user_dir, env=env, capture_output=True, text=True,
+          timeout=300, check=False)
+      self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+      metrics = writers.read_jsonl(
+          os.path.join(self.user_dir, workdir, "metrics.jsonl"))
+      return result.stderr, [metrics[step]["train/loss"] for step in
+                             range(1, 7)]
+
+    log, losses = sft_run("cached_1")
+    self.assertNotIn(hit, log)
+    cache = os.path.join(self.user_dir, "cached_1", "compilation_cache")
+    self.assertTrue([name for name in os.listdir(cache)
+                     if name.startswith("jit__train_step")])
+    # Another workdir, the first's cache: the same updates, not compiled.
+    log, again = sft_run("cached_2",
+                         "--compilation_cache_dir=cached_1/compilation_cache")
+    self.assertIn(hit, log)
+    self.assertEqual(again, losses)
 
   def test_extra_arguments_are_rejected(self):
     with self.assertRaisesRegex(Exception, "Unexpected arguments"):

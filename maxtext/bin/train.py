@@ -41,7 +41,6 @@ host_memory.keep_freed_memory()
 
 # pylint: disable=wrong-import-position
 import functools
-import os
 import sys
 
 from absl import app
@@ -54,6 +53,7 @@ from ml_collections import config_flags
 from maxtext.aot import saved_step
 from maxtext.checkpoint import manager as checkpoint_lib
 from maxtext.common import cli
+from maxtext.trainers import compilation_cache
 from maxtext.trainers import config_flag
 from maxtext.trainers import distributed
 from maxtext.trainers import loop
@@ -74,12 +74,7 @@ _COMPILED = flags.DEFINE_string(
     "A train step compiled ahead of time by `aot_compile --save` for this"
     " config and topology; refused, naming the differences, if it was"
     " compiled for another.")
-_COMPILATION_CACHE_DIR = flags.DEFINE_string(
-    "compilation_cache_dir", None,
-    "JAX's persistent compilation cache: a run (or a resumed run) whose"
-    " programs are in it loads them instead of compiling. Default: the"
-    " workdir's compilation_cache folder, or $JAX_COMPILATION_CACHE_DIR when"
-    " set; empty: off.")
+_COMPILATION_CACHE_DIR = compilation_cache.define_flag()
 _COORDINATOR_ADDRESS = flags.DEFINE_string(
     "coordinator_address", None,
     "Multi-process runs: host:port of process 0's coordinator (the same on"
@@ -121,21 +116,6 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     raise SystemExit(preemption.EXIT_CODE_PREEMPTED)
 
 
-def use_compilation_cache(flag_value: str | None, workdir: str) -> str:
-  """Points JAX's persistent compilation cache at `flag_value` (None: the
-  workdir's `compilation_cache`, unless $JAX_COMPILATION_CACHE_DIR is set;
-  empty: no cache); returns the folder in use ("" for none)."""
-  if flag_value is None:
-    flag_value = (os.environ.get("JAX_COMPILATION_CACHE_DIR") or
-                  os.path.join(workdir, "compilation_cache"))
-  if flag_value:
-    jax.config.update("jax_compilation_cache_dir",
-                      workdir_lib.user_path(flag_value))
-    # Every program of the run, not only those above JAX's 1 s default.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  return flag_value
-
-
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -148,7 +128,7 @@ def main(argv: list[str]) -> None:
                jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count(),
                jax.devices()[0].device_kind)
-  cache = use_compilation_cache(_COMPILATION_CACHE_DIR.value, workdir)
+  cache = compilation_cache.use(_COMPILATION_CACHE_DIR.value, workdir)
   logging.info("Config %s, workdir %s, compilation cache %s.", config_path,
                workdir, cache or "off")
   if jax.process_index() != 0:

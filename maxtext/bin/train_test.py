@@ -175,16 +175,12 @@ class TrainBinaryTest(absltest.TestCase):
   def test_the_binary_prints_one_line_and_no_traceback(self):
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
         p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p))
-    # The interpreter as this test was started (Bazel's adds -S -P).
-    interpreter = ([sys.executable] + (["-S"] if sys.flags.no_site else []) +
-                   (["-P"] if sys.flags.safe_path else []))
     result = subprocess.run(
-        interpreter + ["-m", "maxtext.bin.train",
-                       f"--config={_ROOT}/configs/gemma3.py:small",
-                       f"--workdir={self.create_tempdir().full_path}",
-                       *(f"--config.{k}={v}" for k, v in _TINY.items()),
-                       "--config.mesh.ici.data=1",
-                       "--config.mesh.ici.tensor=3"],
+        train_process.module_argv("maxtext.bin.train") + [
+            f"--config={_ROOT}/configs/gemma3.py:small",
+            f"--workdir={self.create_tempdir().full_path}",
+            *(f"--config.{k}={v}" for k, v in _TINY.items()),
+            "--config.mesh.ici.data=1", "--config.mesh.ici.tensor=3"],
         cwd=_ROOT, env=env, capture_output=True, text=True, timeout=300,
         check=False)
     self.assertEqual(result.returncode, 1, result.stderr[-3000:])
@@ -214,17 +210,6 @@ class TrainBinaryTest(absltest.TestCase):
     self.assertTrue([name for name in os.listdir(cache)
                      if name.startswith("jit_train_step")])
     self.assertIn(hit, train(second, {"compilation_cache_dir": cache}))
-
-  def test_the_cache_flag_chooses_the_folder_or_turns_the_cache_off(self):
-    with mock.patch.object(train.jax.config, "update") as update:
-      self.assertEqual(train.use_compilation_cache("", "/w"), "")
-      update.assert_not_called()
-      with mock.patch.dict(os.environ, {"JAX_COMPILATION_CACHE_DIR": "/c"}):
-        self.assertEqual(train.use_compilation_cache(None, "/w"), "/c")
-      update.assert_any_call("jax_compilation_cache_dir", "/c")
-      with mock.patch.dict(os.environ, {"JAX_COMPILATION_CACHE_DIR": ""}):
-        self.assertEqual(train.use_compilation_cache(None, "/w"),
-                         "/w/compilation_cache")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from maxtext.posttrain import base_model
 from maxtext.posttrain.config import PosttrainConfig
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
+from maxtext.trainers import compilation_cache
 from maxtext.trainers import config_flag
 from maxtext.trainers import workdir as workdir_lib
 
@@ -173,17 +174,20 @@ def training_config(config: PosttrainConfig, workdir: str,
 
 @dataclasses.dataclass(frozen=True)
 class BinaryFlags:
-  """The flags every post-training binary has: --config, --load, --workdir."""
+  """The flags every post-training binary has: --config, --load, --workdir,
+  --compilation_cache_dir."""
 
   config: Any
   load: flags.FlagHolder
   workdir: flags.FlagHolder
+  compilation_cache_dir: flags.FlagHolder
 
 
 def define_binary_flags(*, config_help: str, load_help: str,
                         default_workdir: str) -> BinaryFlags:
   """Defines --config (a config file, variants and --config.<section>.<key>
-  overrides; `config_help` says which), --load and --workdir."""
+  overrides; `config_help` says which), --load, --workdir and
+  --compilation_cache_dir (`compilation_cache`)."""
   return BinaryFlags(
       config=config_flag.define_config_file(
           "config", f"{config_help}; override fields with"
@@ -191,7 +195,8 @@ def define_binary_flags(*, config_help: str, load_help: str,
       load=flags.DEFINE_string("load", None, load_help),
       workdir=flags.DEFINE_string(
           "workdir", None, f"Output directory; default {default_workdir}"
-          " under the directory you run from."))
+          " under the directory you run from."),
+      compilation_cache_dir=compilation_cache.define_flag())
 
 
 def binary_main(program: str, run: Callable[[ml_collections.ConfigDict, str],
@@ -210,7 +215,8 @@ def binary_main(program: str, run: Callable[[ml_collections.ConfigDict, str],
     run_binary(
         program, run, config,
         config_path=config_flags.get_config_filename(flags.FLAGS["config"]),
-        load=defined.load.value, workdir=defined.workdir.value)
+        load=defined.load.value, workdir=defined.workdir.value,
+        compilation_cache_dir=defined.compilation_cache_dir.value)
 
   return main
 
@@ -226,16 +232,21 @@ def start_binary(main: Callable[[list[str]], None]) -> None:
 def run_binary(program: str, run: Callable[[ml_collections.ConfigDict, str],
                                            Any],
                config: ml_collections.ConfigDict, *, config_path: str,
-               load: str | None, workdir: str | None) -> Any:
+               load: str | None, workdir: str | None,
+               compilation_cache_dir: str | None) -> Any:
   """What the post-training binaries' `main` does: `--load` into the config,
-  the user's paths resolved, the workdir chosen, then `run(config, workdir)`
-  with errors in one line from `program` (`cli.errors_in_one_line`)."""
+  the user's paths resolved, the workdir chosen, JAX's persistent
+  compilation cache set (`compilation_cache.use`), then `run(config,
+  workdir)` with errors in one line from `program`
+  (`cli.errors_in_one_line`)."""
   if load:
     config.train.load = load
   resolve_user_paths(config)
   workdir = workdir_lib.resolve_workdir(workdir, config_path)
-  logging.info("%d devices (%s); config %s, workdir %s.", jax.device_count(),
-               jax.devices()[0].device_kind, config_path, workdir)
+  cache = compilation_cache.use(compilation_cache_dir, workdir)
+  logging.info("%d devices (%s); config %s, workdir %s, compilation cache %s.",
+               jax.device_count(), jax.devices()[0].device_kind, config_path,
+               workdir, cache or "off")
   with cli.errors_in_one_line(program):
     result = run(config, workdir)
   logging.info("Exported %s.", result.exported)
