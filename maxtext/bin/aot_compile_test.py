@@ -9,12 +9,12 @@ is parsed once per process). Needs libtpu.
 import json
 import os
 import subprocess
-import sys
 import zipfile
 
 from absl.testing import absltest
 
 from maxtext.posttrain import posttrain_testing
+from testing import train_process
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -35,9 +35,6 @@ def _run(*args: str, binary: str = "aot_compile",
   """Runs `maxtext.bin.<binary>` with `config` (default: the tiny config)
   and `args` (stdout and stderr captured as text), on `devices` fake CPU
   devices if given."""
-  # The interpreter as this test was started (Bazel's adds -S -P).
-  interpreter = ([sys.executable] + (["-S"] if sys.flags.no_site else []) +
-                 (["-P"] if sys.flags.safe_path else []))
   env = dict(os.environ)
   # No forced device count: the binary asks for cpu:N's devices itself.
   env.pop("XLA_FLAGS", None)
@@ -47,7 +44,7 @@ def _run(*args: str, binary: str = "aot_compile",
   env["PYTHONPATH"] = os.pathsep.join(
       p for p in (_ROOT, env.get("PYTHONPATH")) if p)
   return subprocess.run(
-      interpreter + ["-m", f"maxtext.bin.{binary}", *config, *args],
+      train_process.module_argv(f"maxtext.bin.{binary}") + [*config, *args],
       env=env, cwd=_ROOT, capture_output=True, text=True, timeout=_TIMEOUT_S,
       check=False)
 
