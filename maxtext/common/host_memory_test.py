@@ -23,6 +23,7 @@ _CHILD = """
 import ctypes
 import json
 import threading
+import time
 from maxtext.common import host_memory
 kept = host_memory.keep_freed_memory()
 
@@ -59,7 +60,15 @@ step = jax.jit(lambda x, w: (x @ w) @ w.T)
 x, w = jnp.ones((65536, 64)), jnp.ones((64, 1024)) / 1024
 for _ in range(3):
   step(x, w).block_until_ready()
-out["xla_free_kept"] = libc.mallinfo2().fordblks >= 256 * MIB
+# XLA frees a run's temporaries after its outputs are ready, on its own
+# thread: wait until nothing of 256 MiB is in use (in the heap or mmapped).
+deadline = time.monotonic() + 60
+while (info := libc.mallinfo2()).uordblks + info.hblkhd >= 256 * MIB:
+  if time.monotonic() > deadline:
+    raise TimeoutError(f"XLA's temporaries still in use: {info.uordblks}"
+                       f" bytes in the heap, {info.hblkhd} mmapped")
+  time.sleep(0.01)
+out["xla_free_kept"] = info.fordblks >= 256 * MIB
 print(json.dumps(out))
 """
 
