@@ -137,9 +137,17 @@ class TrainProcess:
     self.finish(timeout_s=60)
 
   def finish(self, timeout_s: float) -> int:
-    """Waits for the run to end; returns its exit status."""
+    """Waits for the run to end; returns its exit status.
+
+    Raises:
+      TimeoutError: it had not ended after `timeout_s` (it is killed); the
+        message ends with the log's tail.
+    """
     try:
       return self.process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+      raise TimeoutError(f"Run still going after {timeout_s} s, killed:\n"
+                         f"{self.tail()}") from e
     finally:
       if self.process.poll() is None:
         self.process.kill()

@@ -90,6 +90,14 @@ def _reached(run: train_process.TrainProcess, kind: str, target: int):
                   run.logged_step() >= target + 2 * _LOCAL_EVERY)
 
 
+def _log_dir(test: absltest.TestCase) -> str:
+  """Where Bazel keeps a test's outputs (test.outputs/outputs.zip), so that
+  the children's logs of a failed run can be read; else a temporary
+  folder."""
+  return (os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR") or
+          test.create_tempdir().full_path)
+
+
 def _flip_a_byte(step_dir: str) -> str:
   files = [p for p in glob.glob(os.path.join(step_dir, "state", "**"),
                                 recursive=True) if os.path.isfile(p)]
@@ -220,7 +228,7 @@ class FaultInjectionTest(absltest.TestCase):
     address = f"127.0.0.1:{train_process.free_port()}"
     runs = [train_process.TrainProcess(
         workdir, {**_OVERRIDES, "train.steps": 10 * _STEPS},
-        log_path=os.path.join(self.create_tempdir().full_path, f"p{i}.log"),
+        log_path=os.path.join(_log_dir(self), f"two_processes_p{i}.log"),
         flags={"coordinator_address": address, "num_processes": 2,
                "process_id": i}) for i in range(2)]
     try:
@@ -228,7 +236,13 @@ class FaultInjectionTest(absltest.TestCase):
                                          _TIMEOUT_S), runs[0].tail())
       runs[1].signal(signal.SIGTERM)  # Process 0 is not signalled.
     finally:
-      statuses = [run.finish(_TIMEOUT_S) for run in runs]
+      # Both are waited for (and killed if stuck), whichever hangs.
+      statuses = []
+      for run in runs:
+        try:
+          statuses.append(run.finish(_TIMEOUT_S))
+        except TimeoutError as e:
+          statuses.append(str(e))
     self.assertEqual(statuses, [preemption.EXIT_CODE_PREEMPTED] * 2,
                      runs[0].tail() + runs[1].tail())
     stopped = {int(run.log().split("Preempted after update ")[1]
