@@ -170,6 +170,12 @@ class Checkpointer:
             enable_async_checkpointing=True,
             async_options=ocp.AsyncOptions(
                 post_finalization_callback=self._write_manifest),
+            # The tiers save the same step at once (the last one, a
+            # preemption's): Orbax names its processes' barriers by this
+            # prefix, which must differ between managers that run
+            # concurrently (the same barrier twice: "already ongoing").
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                barrier_sync_key_prefix=tier),
             create=True),
         item_names=(STATE_ITEM, DATA_ITEM),
         item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(),
