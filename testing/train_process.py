@@ -50,6 +50,28 @@ def child_env(num_devices: int) -> dict[str, str]:
   return env
 
 
+def cache_env(num_devices: int = 1) -> dict[str, str]:
+  """`child_env` for a child whose persistent compilation cache is the one
+  its flags choose (not Bazel's, shared by the tests) and that logs when it
+  loads a program from it (`cache_hit`)."""
+  env = child_env(num_devices)
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  env["JAX_LOG_COMPILES"] = "1"  # JAX then logs cache hits as warnings.
+  return env
+
+
+def cache_hit(program: str) -> str:
+  """The line a `cache_env` child logs when it loads `program` (e.g.
+  "jit_train_step") from the persistent compilation cache."""
+  return f"Persistent compilation cache hit for '{program}'"
+
+
+def cached(cache_dir: str, program: str) -> bool:
+  """Whether the persistent compilation cache in `cache_dir` holds
+  `program`."""
+  return any(name.startswith(program) for name in os.listdir(cache_dir))
+
+
 def free_port() -> int:
   """A free TCP port on 127.0.0.1 (for a coordinator)."""
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

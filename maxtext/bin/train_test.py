@@ -191,11 +191,9 @@ class TrainBinaryTest(absltest.TestCase):
 
   def test_a_second_run_loads_its_train_step_from_the_cache(self):
     first, second = (self.create_tempdir().full_path for _ in range(2))
-    env = train_process.child_env(1)
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # Bazel's shared test cache.
-    env["JAX_LOG_COMPILES"] = "1"  # JAX then logs cache hits as warnings.
+    env = train_process.cache_env()
     cache = os.path.join(first, "compilation_cache")  # The default.
-    hit = "Persistent compilation cache hit for 'jit_train_step'"
+    hit = train_process.cache_hit("jit_train_step")
 
     def train(workdir, flags=None):
       result = subprocess.run(
@@ -207,8 +205,7 @@ class TrainBinaryTest(absltest.TestCase):
       return result.stderr
 
     self.assertNotIn(hit, train(first))
-    self.assertTrue([name for name in os.listdir(cache)
-                     if name.startswith("jit_train_step")])
+    self.assertTrue(train_process.cached(cache, "jit_train_step"))
     self.assertIn(hit, train(second, {"compilation_cache_dir": cache}))
 
 
