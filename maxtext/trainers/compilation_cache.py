@@ -16,14 +16,13 @@ import jax
 
 from maxtext.trainers import workdir as workdir_lib
 
-FLAG_NAME = "compilation_cache_dir"
 DIRNAME = "compilation_cache"
 
 
 def define_flag() -> flags.FlagHolder:
   """Defines --compilation_cache_dir (the value `use` takes)."""
   return flags.DEFINE_string(
-      FLAG_NAME, None,
+      "compilation_cache_dir", None,
       "JAX's persistent compilation cache: a run (or a resumed run) whose"
       " programs are in it loads them instead of compiling. Default: the"
       f" workdir's {DIRNAME} folder, or $JAX_COMPILATION_CACHE_DIR when set;"
