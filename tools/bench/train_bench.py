@@ -21,8 +21,9 @@ CPU devices: run it alternately (other jobs share the cores) with
 
 from maxtext.common import host_memory
 
-# Before the other imports: importing numpy starts a thread.
-host_memory.keep_freed_memory()
+# First: it may re-execute this process under mimalloc, and glibc's
+# settings must precede any thread (importing numpy starts one).
+host_memory.keep_freed_memory(reexec=__name__ == "__main__")
 
 # pylint: disable=wrong-import-position
 import sys
