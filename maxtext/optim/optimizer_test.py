@@ -7,6 +7,7 @@ from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from configs import common
 from maxtext.optim import optimizer
@@ -117,6 +118,29 @@ class UpdateTest(absltest.TestCase):
                                       "pre_norm": {"scale": False}},
                             "final_norm": {"scale": False},
                             "gain": False})
+
+  def test_clipping_matches_optax(self):
+    rng = np.random.default_rng(1)
+    grads = {"a": rng.normal(size=(3, 4)).astype(np.float32),
+             "b": rng.normal(size=(5,)).astype(np.float32)}
+    norm = math.sqrt(sum(float(np.sum(g.astype(np.float64)**2))
+                         for g in grads.values()))
+    for max_norm, exact in ((2 * norm, True), (norm / 3, False)):
+      ours, _ = optimizer.clip_by_global_norm(max_norm).update(grads, ())
+      theirs, _ = optax.clip_by_global_norm(max_norm).update(grads, ())
+      for name in grads:
+        if exact:  # Under the threshold: unchanged, bit for bit.
+          np.testing.assert_array_equal(ours[name], grads[name])
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-6)
+    # Zero gradients stay zero; a non-finite norm is passed on as optax's.
+    zeros = {"a": np.zeros((2,), np.float32)}
+    ours, _ = optimizer.clip_by_global_norm(1.0).update(zeros, ())
+    np.testing.assert_array_equal(ours["a"], zeros["a"])
+    for bad in (np.nan, np.inf):
+      grads = {"a": np.array([1.0, bad], np.float32)}
+      ours, _ = optimizer.clip_by_global_norm(1.0).update(grads, ())
+      theirs, _ = optax.clip_by_global_norm(1.0).update(grads, ())
+      np.testing.assert_array_equal(ours["a"], theirs["a"])
 
   def test_clipping_off_and_invalid_values(self):
     config = _config(grad_clip_norm=0.0)
