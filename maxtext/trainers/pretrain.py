@@ -38,6 +38,7 @@ from maxtext.trainers import step_setup
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
 from maxtext.trainers import workdir as workdir_lib
+from maxtext.trainers import xla_options
 from maxtext.trainers.config import ExperimentConfig
 
 
@@ -147,8 +148,8 @@ def prepare(experiment: ExperimentConfig,
   batches = _device_batches(mesh, batch_sharding, data, data.model_keys)
   start = time.perf_counter()
   if compile_fn is None:
-    step_fn = train_step_lib.train_step.lower(state,
-                                              inputs.batch_specs).compile()
+    step_fn = xla_options.compile_for(
+        train_step_lib.train_step.lower(state, inputs.batch_specs), mesh)
   else:
     step_fn = compile_fn(experiment, mesh, state, inputs.batch_specs)
   compile_time_s = time.perf_counter() - start
