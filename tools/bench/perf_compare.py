@@ -17,7 +17,7 @@ from maxtext.common import host_memory
 
 # First: it may re-execute this process under mimalloc, and glibc's
 # settings must precede any thread (importing numpy starts one).
-host_memory.keep_freed_memory(reexec=__name__ == "__main__")
+_HOST_MALLOC = host_memory.keep_freed_memory(reexec=__name__ == "__main__")
 
 # pylint: disable=wrong-import-position
 import dataclasses
@@ -85,7 +85,8 @@ def main(argv: list[str]) -> None:
     else:
       peak, source = matmul_peak.matmul_flops_per_s(dtype), "measured"
     print(f"devices {jax.device_count()} x {jax.devices()[0].device_kind};"
-          f" {source} {dtype} matmul peak {peak / 1e12:.4f} TFLOP/s/device")
+          f" {source} {dtype} matmul peak {peak / 1e12:.4f} TFLOP/s/device;"
+          f" host malloc {_HOST_MALLOC or 'glibc default'}")
     for shape in _SHAPES.value:
       experiment = shapes_lib.experiment_config(
           shape, dtype, _SMALL_BATCH.value, fsdp=_FSDP.value)
