@@ -36,7 +36,7 @@ some VMs: fewer faults there, not none). Memory freed by the process is not
 returned to the system until it exits, so its resident size stays at its
 peak. The single arena makes glibc's way compile 10-50 % slower (its
 threads contend for one lock); mimalloc has per-thread heaps, and on issue
-#14's shapes it compiled 30-40 % faster than the tuned glibc, stepped 1-6 %
+#14's shapes it compiled 25-40 % faster than the tuned glibc, stepped 2-6 %
 faster and peaked lower (`tools/bench/README.md`).
 
 $MAXTEXT_KEEP_FREED_MEMORY=0 leaves glibc's malloc as it is.
