@@ -29,7 +29,6 @@ _CHILD = """
 import ctypes
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -172,8 +171,8 @@ class HostMemoryTest(absltest.TestCase):
       os.environ.pop("LD_PRELOAD", None)
       with absltest.mock.patch.object(host_memory, "mimalloc_loaded",
                                       return_value=False):
-        with self.assertRaisesRegex(ValueError,
-                                    "MAXTEXT_MIMALLOC is " + re.escape(repr(missing))):
+        with self.assertRaisesRegex(
+            ValueError, "MAXTEXT_MIMALLOC is " + re.escape(repr(missing))):
           host_memory.keep_freed_memory(reexec=True)
 
 
