@@ -129,7 +129,7 @@ def main(argv: list[str]) -> None:
                " malloc %s.", jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count(),
                jax.devices()[0].device_kind,
-               _HOST_MALLOC or "glibc's default")
+               host_memory.malloc_name(_HOST_MALLOC))
   cache = compilation_cache.use(_COMPILATION_CACHE_DIR.value, workdir)
   logging.info("Config %s, workdir %s, compilation cache %s.", config_path,
                workdir, cache or "off")

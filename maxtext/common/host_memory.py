@@ -97,6 +97,12 @@ def keep_freed_memory(*, reexec: bool = False) -> str:
   return "glibc" if _tune_glibc() else ""
 
 
+def malloc_name(kept: str) -> str:
+  """The host malloc that `keep_freed_memory()`'s result `kept` leaves, as
+  logs name it: "mimalloc", "glibc" or "glibc's default"."""
+  return kept or "glibc's default"
+
+
 def mimalloc_loaded() -> bool:
   """Whether mimalloc is this process's malloc."""
   process = ctypes.CDLL(None)

@@ -84,10 +84,9 @@ def main(argv: list[str]) -> None:
       peak, source = _PEAK_TFLOPS.value * 1e12, "given"
     else:
       peak, source = matmul_peak.matmul_flops_per_s(dtype), "measured"
-    malloc = _HOST_MALLOC or "glibc's default"
     print(f"devices {jax.device_count()} x {jax.devices()[0].device_kind};"
           f" {source} {dtype} matmul peak {peak / 1e12:.4f} TFLOP/s/device;"
-          f" host malloc {malloc}")
+          f" host malloc {host_memory.malloc_name(_HOST_MALLOC)}")
     for shape in _SHAPES.value:
       experiment = shapes_lib.experiment_config(
           shape, dtype, _SMALL_BATCH.value, fsdp=_FSDP.value)
