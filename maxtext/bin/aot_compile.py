@@ -55,12 +55,12 @@ from maxtext.aot import saved_step
 from maxtext.aot import sweep as sweep_lib
 from maxtext.aot import topology as topology_lib
 from maxtext.common import cli
+from maxtext.common import config_flag
+from maxtext.common import paths
 from maxtext.posttrain import runtime as runtime_lib
 from maxtext.posttrain.config import PosttrainConfig
 from maxtext.rl.config import RlRunConfig
 from maxtext.sharding import report as report_lib
-from maxtext.trainers import config_flag
-from maxtext.trainers import workdir as workdir_lib
 from maxtext.trainers.config import ExperimentConfig
 
 _CONFIG = config_flag.define_config_file(
@@ -112,7 +112,7 @@ def _compile(experiment: ExperimentConfig,
   print(compile_step.format_report(report, step), end="")
   compile_step.check_fits(report, hardware.target.name)
   if _SAVE.value:
-    path = workdir_lib.user_path(_SAVE.value)
+    path = paths.user_path(_SAVE.value)
     saved_step.save_compiled(path, step, experiment)
     print(f"Saved the compiled step to {path}.")
 
@@ -123,7 +123,6 @@ def _compile_posttrain(config, hardware: topology_lib.Hardware) -> None:
   if _SAVE.value or _SWEEP.value or _PARAMETERS.value:
     raise ValueError("--save, --sweep and --parameters work with the train"
                      " step; for the sft and grpo steps drop them.")
-  runtime_lib.resolve_user_paths(config)
   if "rl" in config:
     step = compile_grpo.compile_grpo_step(
         RlRunConfig.from_config_dict(config), hardware)
@@ -157,5 +156,5 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "topology"])
-  sys.argv = workdir_lib.resolve_config_argv(sys.argv)
+  sys.argv = paths.resolve_config_argv(sys.argv)
   app.run(main)

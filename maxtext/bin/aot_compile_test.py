@@ -30,12 +30,14 @@ _TIMEOUT_S = 300
 
 def _run(*args: str, binary: str = "aot_compile",
          devices: int | None = None,
-         config: tuple[str, ...] = tuple(_TINY)
-         ) -> subprocess.CompletedProcess:
+         config: tuple[str, ...] = tuple(_TINY),
+         user_dir: str | None = None) -> subprocess.CompletedProcess:
   """Runs `maxtext.bin.<binary>` with `config` (default: the tiny config)
   and `args` (stdout and stderr captured as text), on `devices` fake CPU
-  devices if given."""
+  devices if given, as `bazel run` from `user_dir` if given."""
   env = dict(os.environ)
+  if user_dir:
+    env["BUILD_WORKING_DIRECTORY"] = user_dir
   # No forced device count: the binary asks for cpu:N's devices itself.
   env.pop("XLA_FLAGS", None)
   if devices:
@@ -123,12 +125,13 @@ class AotCompileTest(absltest.TestCase):
   def test_sft_config_compiles_the_sft_step(self):
     folder = self.create_tempdir().full_path
     load = posttrain_testing.write_checkpoint(folder)
+    # The checkpoint is named relative to the directory run from.
     sft_config = (f"--config={os.path.join(_ROOT, 'configs', 'sft.py')}:lora",
-                  f"--config.train.load={load}",
+                  f"--config.train.load={os.path.relpath(load, folder)}",
                   "--config.data.files=unread.jsonl",
                   "--config.data.seq_len=32", "--config.mesh.ici.data=1",
                   "--config.mesh.ici.fsdp=-1")
-    result = _run("--topology=v5e:2x2", config=sft_config)
+    result = _run("--topology=v5e:2x2", config=sft_config, user_dir=folder)
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertIn("Sft step (Tunix PeftTrainer) on v5e:2x2: 4 x TPU v5 lite,"
                   " mesh fsdp=4;", result.stdout)

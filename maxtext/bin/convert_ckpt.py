@@ -20,7 +20,7 @@ from absl import flags
 from absl import logging
 
 from maxtext.checkpoint import hf_convert
-from maxtext.trainers import workdir as workdir_lib
+from maxtext.common import paths
 
 _HF_DIR = flags.DEFINE_string(
     "hf_dir", None, "Hugging Face folder (config.json + *.safetensors).")
@@ -41,18 +41,18 @@ _MAX_SHARD_SIZE = flags.DEFINE_string(
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  out = workdir_lib.user_path(_OUT.value)
+  out = paths.user_path(_OUT.value)
   if _TO_HF.value:
     if not _CHECKPOINT.value or _HF_DIR.value:
       raise app.UsageError("--to_hf needs --checkpoint (and no --hf_dir).")
-    checkpoint = workdir_lib.user_path(_CHECKPOINT.value)
+    checkpoint = paths.user_path(_CHECKPOINT.value)
     logging.info("Exporting %s to Hugging Face folder %s.", checkpoint, out)
     hf_convert.orbax_to_hf(checkpoint, out,
                            max_shard_size=_MAX_SHARD_SIZE.value)
   else:
     if not _HF_DIR.value or _CHECKPOINT.value:
       raise app.UsageError("Give --hf_dir (or --to_hf with --checkpoint).")
-    hf_dir = workdir_lib.user_path(_HF_DIR.value)
+    hf_dir = paths.user_path(_HF_DIR.value)
     logging.info("Converting %s to %s.", hf_dir, out)
     hf_convert.hf_to_orbax(hf_dir, out, scan_layers=_SCAN_LAYERS.value,
                            dtype=_DTYPE.value)

@@ -20,6 +20,7 @@ Example:
 """
 
 from maxtext.common import host_memory
+from maxtext.common import paths
 
 # First: it may re-execute this process under mimalloc, and glibc's
 # settings must precede any thread (importing numpy starts one).
@@ -42,7 +43,6 @@ from maxtext.inference import sampler
 from maxtext.kernels import paged_attention
 from maxtext.posttrain import base_model
 from maxtext.quant import ptq
-from maxtext.trainers import workdir as workdir_lib
 
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "Converted checkpoint, training checkpoint or workdir.")
@@ -76,7 +76,7 @@ _PAGED_ATTENTION_IMPL = flags.DEFINE_enum(
 
 def _tokenizer_path(checkpoint: str) -> str:
   if _TOKENIZER.value:
-    return workdir_lib.user_path(_TOKENIZER.value)
+    return paths.user_path(_TOKENIZER.value)
   for name in ("tokenizer.json", "tokenizer.model"):
     if os.path.isfile(os.path.join(checkpoint, name)):
       return os.path.join(checkpoint, name)
@@ -106,7 +106,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if bool(_PROMPT.value) == bool(_PROMPT_IDS.value):
     raise app.UsageError("Give --prompt (repeatable) or --prompt_ids.")
-  checkpoint = workdir_lib.user_path(_CHECKPOINT.value)
+  checkpoint = paths.user_path(_CHECKPOINT.value)
   cfg, params = params_checkpoint.load_params(checkpoint)
   model = _model(cfg, params)
   logging.info("Loaded a %s model from %s.", cfg.family, checkpoint)
@@ -117,7 +117,7 @@ def main(argv: list[str]) -> None:
   else:
     prompts = [[int(i) for i in _PROMPT_IDS.value]]
     if _DUMP_LOGITS.value:
-      path = workdir_lib.user_path(_DUMP_LOGITS.value)
+      path = paths.user_path(_DUMP_LOGITS.value)
       np.save(path, generate.prefill_logits(model, prompts[0]))
       logging.info("Wrote prefill logits to %s.", path)
   outputs = generate.generate(

@@ -19,6 +19,7 @@ Example:
 """
 
 from maxtext.common import host_memory
+from maxtext.common import paths
 
 # First: it may re-execute this process under mimalloc, and glibc's
 # settings must precede any thread (importing numpy starts one).
@@ -35,7 +36,6 @@ from absl import logging
 from maxtext.eval import harness
 from maxtext.eval import lm_eval_adapter
 from maxtext.eval import perplexity
-from maxtext.trainers import workdir as workdir_lib
 
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "Converted checkpoint, training checkpoint or workdir.")
@@ -79,10 +79,10 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not _TASKS.value and not _PERPLEXITY_DATA.value:
     raise app.UsageError("Give --tasks, --perplexity_data or both.")
-  checkpoint = workdir_lib.user_path(_CHECKPOINT.value)
+  checkpoint = paths.user_path(_CHECKPOINT.value)
   lm = lm_eval_adapter.MaxTextLM.from_checkpoint(
       checkpoint,
-      tokenizer=_TOKENIZER.value and workdir_lib.user_path(_TOKENIZER.value),
+      tokenizer=_TOKENIZER.value and paths.user_path(_TOKENIZER.value),
       max_length=_MAX_LENGTH.value, batch_size=_BATCH_SIZE.value,
       max_gen_toks=_MAX_GEN_TOKS.value, add_bos=_ADD_BOS.value,
       seed=_SEED.value)
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> None:
   if _TASKS.value:
     results = harness.evaluate(
         lm, _TASKS.value,
-        include_paths=[workdir_lib.user_path(p) for p in _INCLUDE_PATH.value],
+        include_paths=[paths.user_path(p) for p in _INCLUDE_PATH.value],
         builtin_tasks=_BUILTIN_TASKS.value, limit=_LIMIT.value,
         num_fewshot=_NUM_FEWSHOT.value, log_samples=_LOG_SAMPLES.value,
         seed=_SEED.value)
@@ -102,7 +102,7 @@ def main(argv: list[str]) -> None:
       out["samples"] = results["samples"]
   if _PERPLEXITY_DATA.value:
     documents = perplexity.read_documents(
-        [workdir_lib.user_path(p) for p in _PERPLEXITY_DATA.value],
+        [paths.user_path(p) for p in _PERPLEXITY_DATA.value],
         lm.text_tokenizer, kind=_PERPLEXITY_FORMAT.value,
         text_field=_PERPLEXITY_FIELD.value, limit=_LIMIT.value)
     result = perplexity.perplexity(lm.scorer, documents,
@@ -111,7 +111,7 @@ def main(argv: list[str]) -> None:
           f" {result.documents} documents)")
     out["perplexity"] = dataclasses.asdict(result)
   if _OUTPUT.value:
-    with open(workdir_lib.user_path(_OUTPUT.value), "w",
+    with open(paths.user_path(_OUTPUT.value), "w",
               encoding="utf-8") as f:
       json.dump(out, f, indent=2, default=str)
       f.write("\n")

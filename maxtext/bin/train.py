@@ -54,13 +54,14 @@ from ml_collections import config_flags
 from maxtext.aot import saved_step
 from maxtext.checkpoint import manager as checkpoint_lib
 from maxtext.common import cli
-from maxtext.trainers import compilation_cache
-from maxtext.trainers import config_flag
+from maxtext.common import compilation_cache
+from maxtext.common import config_flag
+from maxtext.common import paths
+from maxtext.common import workdir as workdir_lib
 from maxtext.trainers import distributed
 from maxtext.trainers import loop
 from maxtext.trainers import preemption
 from maxtext.trainers import pretrain
-from maxtext.trainers import workdir as workdir_lib
 
 _CONFIG = config_flag.define_config_file(
     "config",
@@ -136,10 +137,10 @@ def main(argv: list[str]) -> None:
   if jax.process_index() != 0:
     logging.set_verbosity(logging.WARNING)  # Process 0 logs the run.
   run(_CONFIG.value, workdir,
-      workdir_lib.user_path(_COMPILED.value) if _COMPILED.value else None)
+      paths.user_path(_COMPILED.value) if _COMPILED.value else None)
 
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  sys.argv = workdir_lib.resolve_config_argv(sys.argv)
+  sys.argv = paths.resolve_config_argv(sys.argv)
   app.run(main)

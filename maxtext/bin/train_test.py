@@ -10,6 +10,7 @@ errors: config_flag_test.)
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 from unittest import mock
@@ -22,8 +23,9 @@ from configs import gemma3
 from maxtext.bin import train
 from maxtext.checkpoint import integrity
 from maxtext.checkpoint import manager as checkpoint_lib
+from maxtext.data import assets
+from maxtext.common import workdir as workdir_lib
 from maxtext.metrics import writers
-from maxtext.trainers import workdir as workdir_lib
 from testing import train_process
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -69,13 +71,26 @@ class TrainBinaryTest(absltest.TestCase):
     for fragment in fragments:
       self.assertIn(fragment, message)
 
-  def test_trains_into_the_default_workdir_with_overrides(self):
-    user_dir = self.create_tempdir().full_path
+  def test_trains_into_the_default_workdir_with_the_users_paths(self):
+    # As under `bazel run`: the current directory is the runfiles, and
+    # every path the user typed means a path in BUILD_WORKING_DIRECTORY.
+    user_dir = self.create_tempdir()
+    lines = "".join(json.dumps({"text": f"Line {i} of the play."}) + "\n"
+                    for i in range(40))
+    user_dir.create_file("data/train.jsonl", content=lines)
+    user_dir.create_file("data/eval.jsonl", content=lines)
+    os.makedirs(os.path.join(user_dir.full_path, "tok"))
+    shutil.copy(assets.default_tokenizer(),
+                os.path.join(user_dir.full_path, "tok", "spm.model"))
     argv = [
         "train", "--config=configs/gemma3.py:small",
         "--config.train.steps=2", "--config.train.batch_size=2",
         "--config.data.seq_len=16", "--config.model.num_layers=1",
-        "--config.logging.every_steps=1",
+        "--config.logging.every_steps=1", "--config.data.source=jsonl",
+        "--config.data.files=data/train*.jsonl",
+        "--config.data.tokenizer=tok/spm.model",
+        "--config.data.eval_files=data/eval.jsonl",
+        "--config.data.eval_every_steps=2", "--config.data.eval_steps=1",
     ]
     # The config flag finds its overrides in sys.argv, as under app.run.
     with mock.patch.object(sys, "argv", argv), warnings.catch_warnings():
@@ -83,9 +98,12 @@ class TrainBinaryTest(absltest.TestCase):
       warnings.filterwarnings("ignore", message=".*load_module",
                               category=DeprecationWarning)
       argv = flags.FLAGS(argv)
-    with mock.patch.dict(os.environ, {"BUILD_WORKING_DIRECTORY": user_dir}):
+    self.assertNotEqual(os.getcwd(), user_dir.full_path)
+    with mock.patch.dict(os.environ,
+                         {"BUILD_WORKING_DIRECTORY": user_dir.full_path}):
       train.main(argv)
-    workdir = os.path.join(user_dir, "runs", "gemma3_small")
+    self.assertEqual(flags.FLAGS.config.data.files, "data/train*.jsonl")
+    workdir = os.path.join(user_dir.full_path, "runs", "gemma3_small")
     with open(os.path.join(workdir, "config.json")) as f:
       config = json.load(f)
     self.assertEqual(config["train"]["steps"], 2)
@@ -94,6 +112,7 @@ class TrainBinaryTest(absltest.TestCase):
     metrics = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
     self.assertEqual(sorted(metrics), [1, 2])
     self.assertIn("train/loss", metrics[1])
+    self.assertGreater(metrics[2]["eval/tokens"], 0)
     self.assertGreater(metrics[2]["goodput/percent"], 0)
 
   def test_extra_arguments_are_rejected(self):

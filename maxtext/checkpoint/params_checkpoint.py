@@ -40,7 +40,7 @@ from maxtext.models import registry
 
 MODEL_CONFIG_FILENAME = "model_config.json"
 PARAMS_DIRNAME = "params"
-# The train binary's workdir layout (maxtext.trainers.workdir); not imported,
+# The train binary's workdir layout (maxtext.common.workdir); not imported,
 # trainers sit above checkpoint.
 WORKDIR_CONFIG_FILENAME = "config.json"
 CHECKPOINTS_DIRNAME = "checkpoints"

@@ -28,6 +28,7 @@ import jinja2
 from jinja2 import ext as jinja2_ext
 from jinja2 import sandbox as jinja2_sandbox
 
+from maxtext.common import paths
 from maxtext.data import tokenizer as tokenizer_lib
 
 # Built-in templates, after the published ones of each family.
@@ -110,6 +111,12 @@ def compile_template(source: str) -> jinja2.Template:
     return env.from_string(source)
   except jinja2.exceptions.TemplateSyntaxError as e:
     raise ChatTemplateError(f"Chat template does not parse: {e}") from e
+
+
+def user_template(spec: str) -> str:
+  """`spec` as the user meant it: a built-in name as it is, a file path
+  resolved against the directory they ran from (`paths.user_path`)."""
+  return spec if spec in TEMPLATES else paths.user_path(spec)
 
 
 def load_template(spec: str) -> str:

@@ -38,6 +38,8 @@ from typing import Any
 import grain
 import numpy as np
 
+from maxtext.common import paths
+from maxtext.common import sections
 from maxtext.data import assets
 from maxtext.data import chat_template as chat_lib
 from maxtext.data import documents as documents_lib
@@ -68,9 +70,19 @@ class MixtureComponent:
   """
 
   source: str
-  files: str
+  files: str = paths.field(paths.user_patterns)
   weight: float
   text_field: str = ""
+
+
+def _user_mixture(mixture: Any) -> Any:
+  """`data.mixture` with each component's files resolved as the user meant
+  them (`paths`); a malformed mixture is left to `DataConfig`'s check."""
+  if not isinstance(mixture, Mapping):
+    return mixture
+  return {name: paths.resolve_values(MixtureComponent, values)
+          if isinstance(values, Mapping) else values
+          for name, values in mixture.items()}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -78,14 +90,14 @@ class DataConfig:
   """The `data` config section (documented in `configs/common.py`)."""
 
   source: str
-  files: str
+  files: str = paths.field(paths.user_patterns)
   text_field: str
   text_unit: str
-  mixture: Any
-  tokenizer: str
+  mixture: Any = paths.field(_user_mixture)
+  tokenizer: str = paths.field()
   add_bos: bool
   add_eos: bool
-  chat_template: str
+  chat_template: str = paths.field(chat_lib.user_template)
   packing: str
   seq_len: int
   shuffle_seed: int
@@ -94,7 +106,7 @@ class DataConfig:
   strict: bool
   max_document_bytes: int
   eval_source: str
-  eval_files: str
+  eval_files: str = paths.field(paths.user_patterns)
   eval_every_steps: int
   eval_steps: int
 
@@ -103,10 +115,10 @@ class DataConfig:
       raise ValueError(
           f"data.source={self.source!r} is invalid; valid sources: {SOURCES}.")
     for name in ("seq_len", "max_document_bytes"):
-      _check_int(name, getattr(self, name), minimum=1)
+      sections.check_int(f"data.{name}", getattr(self, name), minimum=1)
     for name in ("num_workers", "prefetch", "eval_every_steps"):
-      _check_int(name, getattr(self, name), minimum=0)
-    _check_int("eval_steps", self.eval_steps, minimum=1)
+      sections.check_int(f"data.{name}", getattr(self, name), minimum=0)
+    sections.check_int("data.eval_steps", self.eval_steps, minimum=1)
     if not 0 <= self.shuffle_seed < 2**32:
       raise ValueError(
           f"data.shuffle_seed={self.shuffle_seed!r} must be in [0, 2**32).")
@@ -145,12 +157,6 @@ class DataConfig:
       files = ",".join(assets.default_text_files())
     return (("data", MixtureComponent(source=self.source, files=files,
                                       weight=1.0)),)
-
-
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ValueError(
-        f"data.{name}={value!r} must be an integer >= {minimum}.")
 
 
 def _mixture_components(mixture: Any):

@@ -1,9 +1,10 @@
 """Typed config of a post-training run (`configs/sft.py`, `dpo.py`,
 `distill.py`).
 
-`PosttrainConfig.from_config_dict(config)` builds frozen sections with
-`maxtext.trainers.config.build_section` (unknown keys are named with the
-closest valid one, mistyped values with the type they need). The model comes
+`PosttrainConfig.from_config_dict(config)` builds frozen sections through
+the config front door (`maxtext.common.sections`: unknown keys are named
+with the closest valid one, mistyped values with the type they need, the
+user's paths resolved). The model comes
 from the checkpoint `train.load`, so there is no model section; the shared
 sections reuse the pre-training dataclasses (`data`, `optimizer`, `mesh`,
 `sharding`), the rest are defined here or next to their code (`lora`,
@@ -16,12 +17,13 @@ from collections.abc import Mapping
 import dataclasses
 from typing import Any
 
+from maxtext.common import paths
+from maxtext.common import sections
 from maxtext.data.pipeline import DataConfig
 from maxtext.optim.optimizer import OptimizerConfig
 from maxtext.posttrain.lora import LoraConfig
 from maxtext.sharding.mesh import MeshConfig
 from maxtext.sharding.rules import ShardingConfig
-from maxtext.trainers.config import build_section
 
 METHODS = ("sft", "dpo", "orpo", "distill")
 DPO_REFERENCES = ("initial", "none")
@@ -30,14 +32,8 @@ FEATURE_LOSSES = ("cosine", "l2")
 TEACHER_QTYPES = ("", "int8", "nf4")
 
 
-def _positive_int(section: str, name: str, value: Any, minimum: int = 1):
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ValueError(
-        f"{section}.{name}={value!r} must be an integer >= {minimum}.")
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig:
+class PosttrainTrainConfig:
   """The `train` section of a post-training run.
 
   Attributes:
@@ -56,7 +52,7 @@ class TrainConfig:
   """
 
   method: str
-  load: str
+  load: str = paths.field()
   steps: int
   batch_size: int
   microbatches: int = 1
@@ -72,9 +68,9 @@ class TrainConfig:
       raise ValueError("train.load is empty: give the starting checkpoint"
                        " (--load=DIR or --config.train.load=DIR).")
     for name in ("steps", "batch_size", "microbatches", "max_checkpoints"):
-      _positive_int("train", name, getattr(self, name))
-    _positive_int("train", "checkpoint_every_steps",
-                  self.checkpoint_every_steps, 0)
+      sections.check_int(f"train.{name}", getattr(self, name), minimum=1)
+    sections.check_int("train.checkpoint_every_steps",
+                       self.checkpoint_every_steps, minimum=0)
     if self.batch_size % self.microbatches:
       raise ValueError(f"train.microbatches={self.microbatches} must divide"
                        f" train.batch_size={self.batch_size}.")
@@ -149,7 +145,7 @@ class DpoConfig:
       raise ValueError(f"dpo.reference={self.reference!r} is invalid; valid:"
                        f" {DPO_REFERENCES}.")
     for name in ("max_prompt_length", "max_response_length"):
-      _positive_int("dpo", name, getattr(self, name))
+      sections.check_int(f"dpo.{name}", getattr(self, name), minimum=1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -179,7 +175,7 @@ class DistillConfig:
       or "nf4".
   """
 
-  teacher: str
+  teacher: str = paths.field()
   temperature: float = 2.0
   alpha: float = 0.5
   alpha_end: float = 0.5
@@ -250,7 +246,7 @@ class ExportConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LoggingConfig:
+class PosttrainLoggingConfig:
   """The `logging` section.
 
   Attributes:
@@ -264,12 +260,12 @@ class LoggingConfig:
 COMMON_SECTIONS = {
     "data": DataConfig,
     "optimizer": OptimizerConfig,
-    "train": TrainConfig,
+    "train": PosttrainTrainConfig,
     "lora": LoraConfig,
     "mesh": MeshConfig,
     "sharding": ShardingConfig,
     "export": ExportConfig,
-    "logging": LoggingConfig,
+    "logging": PosttrainLoggingConfig,
 }
 # The sections of each method besides the common ones.
 METHOD_SECTIONS = {
@@ -287,12 +283,12 @@ class PosttrainConfig:
 
   data: DataConfig
   optimizer: OptimizerConfig
-  train: TrainConfig
+  train: PosttrainTrainConfig
   lora: LoraConfig
   mesh: MeshConfig
   sharding: ShardingConfig
   export: ExportConfig
-  logging: LoggingConfig
+  logging: PosttrainLoggingConfig
   sft: SftConfig | None = None
   dpo: DpoConfig | None = None
   distill: DistillConfig | None = None
@@ -311,15 +307,8 @@ class PosttrainConfig:
     if method not in METHOD_SECTIONS:
       raise ValueError(
           f"train.method={method!r} is invalid; valid: {METHODS}.")
-    sections = {**COMMON_SECTIONS, **METHOD_SECTIONS[method]}
-    unknown = sorted(set(config) - set(sections))
-    missing = sorted(set(sections) - set(config))
-    if unknown or missing:
-      raise ValueError(
-          f"train.method={method!r} takes the sections {list(sections)};"
-          f" unknown: {unknown}, missing: {missing}.")
-    built = {name: build_section(name, section_cls, config[name])
-             for name, section_cls in sections.items()}
+    built = sections.build_sections(
+        config, {**COMMON_SECTIONS, **METHOD_SECTIONS[method]})
     if built["optimizer"].z_loss:
       raise ValueError("optimizer.z_loss must be 0 in post-training (the"
                        " Tunix losses have no z-loss term).")

@@ -8,7 +8,9 @@ from configs import distill as distill_config
 from configs import dpo as dpo_config
 from configs import sft as sft_config
 from maxtext.posttrain import lora
+from maxtext.posttrain import config as config_lib
 from maxtext.posttrain.config import PosttrainConfig
+from testing import config_checks
 
 _VARIANTS = ([(sft_config, v) for v in sft_config.VARIANTS] +
              [(dpo_config, v) for v in dpo_config.VARIANTS] +
@@ -38,6 +40,15 @@ class ConfigTest(parameterized.TestCase):
       self.assertEqual(built.lora.mode, "qlora" if variant == "qlora" else
                        "lora")
 
+  @parameterized.parameters((sft_config, "lora"), (distill_config, None))
+  def test_floats_refuse_nan_and_inf_and_paths_resolve(self, module,
+                                                       variant):
+    config = _loadable(module, variant)
+    method = config.train.method
+    config_checks.assert_front_door(
+        self, PosttrainConfig.from_config_dict, config,
+        {**config_lib.COMMON_SECTIONS, **config_lib.METHOD_SECTIONS[method]})
+
   def test_default_module_path_is_the_libraries(self):
     self.assertEqual(sft_config.get_config().lora.module_path,
                      lora.DEFAULT_MODULE_PATH)
@@ -56,7 +67,7 @@ class ConfigTest(parameterized.TestCase):
     config = _loadable(dpo_config, "dpo")
     config.train.method = "sft"
     with self.assertRaisesRegex(
-        ValueError, r"'sft' takes the sections.*missing: \['sft'\]"):
+        ValueError, r"missing config section\(s\) \['sft'\]"):
       PosttrainConfig.from_config_dict(config)
     config = _loadable(distill_config, None)
     config.distill.feature_layers = ((1,),)

@@ -27,16 +27,16 @@ from tunix.sft import metrics_logger as tunix_metrics
 from tunix.sft import peft_trainer
 
 from maxtext.common import cli
-from maxtext.data import chat_template as chat_lib
+from maxtext.common import compilation_cache
+from maxtext.common import config_flag
+from maxtext.common import paths
+from maxtext.common import workdir as workdir_lib
 from maxtext.metrics import writers as writers_lib
 from maxtext.optim import optimizer as optimizer_lib
 from maxtext.posttrain import base_model
 from maxtext.posttrain.config import PosttrainConfig
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
-from maxtext.trainers import compilation_cache
-from maxtext.trainers import config_flag
-from maxtext.trainers import workdir as workdir_lib
 
 TUNIX_CHECKPOINT_DIRNAME = "tunix_checkpoints"
 # Prefixes of the metric names Tunix logs (metrics_prefix "").
@@ -205,11 +205,11 @@ def binary_main(program: str, run: Callable[[ml_collections.ConfigDict, str],
                 before_run: Callable[[ml_collections.ConfigDict], None]
                 | None = None) -> Callable[[list[str]], None]:
   """The `main(argv)` of binary `program`: `before_run(config)` (the
-  binary's own flags into the config), then `run_binary`."""
+  binary's own flags into a copy of the config), then `run_binary`."""
   def main(argv: list[str]) -> None:
     if len(argv) > 1:
       raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    config = defined.config.value
+    config = defined.config.value.copy_and_resolve_references()
     if before_run is not None:
       before_run(config)
     run_binary(
@@ -223,9 +223,9 @@ def binary_main(program: str, run: Callable[[ml_collections.ConfigDict, str],
 
 def start_binary(main: Callable[[list[str]], None]) -> None:
   """Runs `main` as a binary whose --config is required and whose paths are
-  the user's (`workdir.resolve_config_argv`)."""
+  the user's (`paths.resolve_config_argv`)."""
   flags.mark_flag_as_required("config")
-  sys.argv = workdir_lib.resolve_config_argv(sys.argv)
+  sys.argv = paths.resolve_config_argv(sys.argv)
   app.run(main)
 
 
@@ -234,14 +234,14 @@ def run_binary(program: str, run: Callable[[ml_collections.ConfigDict, str],
                config: ml_collections.ConfigDict, *, config_path: str,
                load: str | None, workdir: str | None,
                compilation_cache_dir: str | None) -> Any:
-  """What the post-training binaries' `main` does: `--load` into the config,
-  the user's paths resolved, the workdir chosen, JAX's persistent
-  compilation cache set (`compilation_cache.use`), then `run(config,
-  workdir)` with errors in one line from `program`
-  (`cli.errors_in_one_line`)."""
+  """What the post-training binaries' `main` does: `--load` into the
+  config, the workdir chosen, JAX's persistent compilation cache set
+  (`compilation_cache.use`), then `run(config, workdir)` with errors in one
+  line from `program` (`cli.errors_in_one_line`). The paths the user typed
+  are resolved when the config's sections are built
+  (`maxtext.common.sections`)."""
   if load:
     config.train.load = load
-  resolve_user_paths(config)
   workdir = workdir_lib.resolve_workdir(workdir, config_path)
   cache = compilation_cache.use(compilation_cache_dir, workdir)
   logging.info("%d devices (%s); config %s, workdir %s, compilation cache %s.",
@@ -251,26 +251,6 @@ def run_binary(program: str, run: Callable[[ml_collections.ConfigDict, str],
     result = run(config, workdir)
   logging.info("Exported %s.", result.exported)
   return result
-
-
-def resolve_user_paths(config: ml_collections.ConfigDict) -> None:
-  """Resolves the paths a user typed in `config` (checkpoints, data files,
-  tokenizer, a chat template file) against the directory the command ran
-  from (`workdir_lib.user_path`), in place."""
-  def patterns(value: str) -> str:
-    return ",".join(workdir_lib.user_path(p.strip())
-                    for p in value.split(",") if p.strip())
-
-  config.train.load = config.train.load and workdir_lib.user_path(
-      config.train.load)
-  if "distill" in config and config.distill.teacher:
-    config.distill.teacher = workdir_lib.user_path(config.distill.teacher)
-  data = config.data
-  data.files = patterns(data.files)
-  data.eval_files = patterns(data.eval_files)
-  data.tokenizer = data.tokenizer and workdir_lib.user_path(data.tokenizer)
-  if data.chat_template and data.chat_template not in chat_lib.TEMPLATES:
-    data.chat_template = workdir_lib.user_path(data.chat_template)
 
 
 def start(config: ml_collections.ConfigDict, workdir: str

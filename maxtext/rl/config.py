@@ -1,8 +1,8 @@
 """Typed config of an RL run (`configs/grpo.py`).
 
-`RlRunConfig.from_config_dict(config)` builds frozen sections with
-`maxtext.trainers.config.build_section` (unknown keys are named with the
-closest valid one). Sections, in order: model (only for a run from
+`RlRunConfig.from_config_dict(config)` builds frozen sections through the
+config front door (`maxtext.common.sections`: unknown keys are named with
+the closest valid one, the user's paths resolved). Sections, in order: model (only for a run from
 scratch), data, optimizer, train, rl, rollout, lora, mesh, sharding, export,
 logging. The shared ones reuse the post-training and pre-training
 dataclasses; `data`, `train`, `rl` and `rollout` are RL's own. The field
@@ -15,26 +15,22 @@ from collections.abc import Mapping
 import dataclasses
 from typing import Any
 
+from maxtext.common import paths
+from maxtext.common import sections
 from maxtext.common.model_config import ModelConfig
+from maxtext.data import chat_template as chat_lib
 from maxtext.optim.optimizer import OptimizerConfig
 from maxtext.posttrain.config import ExportConfig
-from maxtext.posttrain.config import LoggingConfig
+from maxtext.posttrain.config import PosttrainLoggingConfig
 from maxtext.posttrain.lora import LoraConfig
 from maxtext.sharding.mesh import MeshConfig
 from maxtext.sharding.rules import ShardingConfig
-from maxtext.trainers.config import build_section
 
 FILE_SOURCES = ("jsonl", "parquet", "arrayrecord", "arrow")
 TOY_SOURCE = "toy_arithmetic"
 LOSS_ALGOS = ("grpo", "gspo-token")
 ENGINES = ("jax", "vllm")
 KL_MODES = ("kl", "mse_kl", "low_var_kl")
-
-
-def _check_int(section: str, name: str, value: Any, minimum: int = 1):
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ValueError(
-        f"{section}.{name}={value!r} must be an integer >= {minimum}.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -60,13 +56,13 @@ class RlDataConfig:
   """
 
   source: str = "jsonl"
-  files: str = ""
-  eval_files: str = ""
+  files: str = paths.field(paths.user_patterns, default="")
+  eval_files: str = paths.field(paths.user_patterns, default="")
   eval_every_steps: int = 0
   prompt_field: str = "prompt"
   columns: Any = ("answer",)
-  tokenizer: str = ""
-  chat_template: str = ""
+  tokenizer: str = paths.field(default="")
+  chat_template: str = paths.field(chat_lib.user_template, default="")
   shuffle_seed: int = 0
 
   def __post_init__(self):
@@ -76,7 +72,7 @@ class RlDataConfig:
     if self.source != TOY_SOURCE and not self.files:
       raise ValueError(f"data.files is empty: data.source={self.source!r}"
                        " needs it.")
-    _check_int("data", "eval_every_steps", self.eval_every_steps, 0)
+    sections.check_int("data.eval_every_steps", self.eval_every_steps, minimum=0)
     if self.eval_every_steps and not self.eval_files:
       raise ValueError(f"data.eval_every_steps={self.eval_every_steps} needs"
                        " data.eval_files.")
@@ -100,7 +96,7 @@ class RlTrainConfig:
     max_checkpoints: Checkpoints kept.
   """
 
-  load: str = ""
+  load: str = paths.field(default="")
   steps: int = 100
   batch_size: int = 8
   mini_batch_size: int = 0
@@ -110,9 +106,9 @@ class RlTrainConfig:
 
   def __post_init__(self):
     for name in ("steps", "batch_size", "max_checkpoints"):
-      _check_int("train", name, getattr(self, name))
+      sections.check_int(f"train.{name}", getattr(self, name), minimum=1)
     for name in ("mini_batch_size", "checkpoint_every_steps", "seed"):
-      _check_int("train", name, getattr(self, name), 0)
+      sections.check_int(f"train.{name}", getattr(self, name), minimum=0)
     if self.mini_batch_size and self.batch_size % self.mini_batch_size:
       raise ValueError(
           f"train.mini_batch_size={self.mini_batch_size} must divide"
@@ -163,9 +159,9 @@ class RlConfig:
     if self.loss_algo not in LOSS_ALGOS:
       raise ValueError(f"rl.loss_algo={self.loss_algo!r} is invalid; valid:"
                        f" {LOSS_ALGOS}.")
-    _check_int("rl", "num_generations", self.num_generations, 2)
-    _check_int("rl", "num_iterations", self.num_iterations)
-    _check_int("rl", "max_words", self.max_words)
+    sections.check_int("rl.num_generations", self.num_generations, minimum=2)
+    sections.check_int("rl.num_iterations", self.num_iterations, minimum=1)
+    sections.check_int("rl.max_words", self.max_words, minimum=1)
     if self.beta < 0:
       raise ValueError(f"rl.beta={self.beta!r} must be >= 0.")
     if not self.epsilon > 0:
@@ -219,9 +215,9 @@ class RolloutConfig:
       raise ValueError(f"rollout.engine={self.engine!r} is invalid; valid:"
                        f" {ENGINES}.")
     for name in ("max_prompt_length", "max_new_tokens", "pad_to"):
-      _check_int("rollout", name, getattr(self, name))
-    _check_int("rollout", "top_k", self.top_k, 0)
-    _check_int("rollout", "devices", self.devices, 0)
+      sections.check_int(f"rollout.{name}", getattr(self, name), minimum=1)
+    sections.check_int("rollout.top_k", self.top_k, minimum=0)
+    sections.check_int("rollout.devices", self.devices, minimum=0)
     if not self.temperature > 0:
       raise ValueError(f"rollout.temperature={self.temperature!r} must be"
                        " positive (RL samples).")
@@ -240,7 +236,7 @@ SECTIONS = {
     "mesh": MeshConfig,
     "sharding": ShardingConfig,
     "export": ExportConfig,
-    "logging": LoggingConfig,
+    "logging": PosttrainLoggingConfig,
 }
 
 
@@ -257,7 +253,7 @@ class RlRunConfig:
   mesh: MeshConfig
   sharding: ShardingConfig
   export: ExportConfig
-  logging: LoggingConfig
+  logging: PosttrainLoggingConfig
   model: ModelConfig | None = None
 
   @classmethod
@@ -270,14 +266,7 @@ class RlRunConfig:
     """
     if hasattr(config, "to_dict"):
       config = config.to_dict()
-    valid = {"model", *SECTIONS}
-    unknown = sorted(set(config) - valid)
-    missing = sorted(set(SECTIONS) - set(config))
-    if unknown or missing:
-      raise ValueError(f"An RL config takes the sections {sorted(valid)};"
-                       f" unknown: {unknown}, missing: {missing}.")
-    built = {name: build_section(name, section_cls, config[name])
-             for name, section_cls in SECTIONS.items()}
+    built = sections.build_sections(config, SECTIONS, optional=("model",))
     if built["optimizer"].z_loss:
       raise ValueError("optimizer.z_loss must be 0 in RL (the Tunix losses"
                        " have no z-loss term).")
@@ -286,5 +275,6 @@ class RlRunConfig:
         raise ValueError("train.load is empty and there is no model"
                          " section: give the starting checkpoint"
                          " (--load=DIR) or a model to start from scratch.")
-      built["model"] = ModelConfig.from_dict(dict(config["model"]))
+      built["model"] = sections.build_section("model", ModelConfig,
+                                              config["model"])
     return cls(**built)

@@ -45,6 +45,7 @@ from tunix.rl.grpo import grpo_learner
 from tunix.rl.rollout import base_rollout
 
 from maxtext.checkpoint import params_checkpoint
+from maxtext.common import workdir as workdir_lib
 from maxtext.data import chat_template as chat_lib
 from maxtext.data import tokenizer as tokenizer_lib
 from maxtext.models import registry
@@ -58,7 +59,6 @@ from maxtext.rl import toy_task
 from maxtext.rl.config import RlRunConfig
 from maxtext.rl.config import TOY_SOURCE
 from maxtext.sharding import mesh as mesh_lib
-from maxtext.trainers import workdir as workdir_lib
 
 TOY_DIRNAME = "toy"
 INITIAL_MODEL_DIRNAME = "initial_model"

@@ -1,20 +1,19 @@
-"""Typed, validated experiment config, built once from the ConfigDict.
+"""Typed, validated pre-training config, built once from the ConfigDict.
 
 `ExperimentConfig.from_config_dict(config)` turns the `ml_collections`
 config of a `configs/<family>.py` file (after command-line overrides) into
-frozen dataclasses, one per section. Library code receives these, never the
-ConfigDict. An unknown key is an error that names it, suggests the closest
-valid one and lists them all; a missing key, or a value of the wrong plain
-type (bool, int, float, str), is an error naming the key and value.
+frozen dataclasses, one per section, through the config front door
+(`maxtext.common.sections`: unknown, missing and mistyped keys, non-finite
+floats and the user's paths are handled there). Library code receives
+these, never the ConfigDict.
 """
 
 from collections.abc import Mapping
 import dataclasses
-import difflib
-import typing
 from typing import Any
 
 from maxtext.checkpoint.manager import CheckpointConfig
+from maxtext.common import sections
 from maxtext.common.model_config import ModelConfig
 from maxtext.data.pipeline import DataConfig
 from maxtext.optim.optimizer import OptimizerConfig
@@ -53,27 +52,15 @@ class TrainConfig:
   spike_window: int = 100
 
   def __post_init__(self):
-    if self.steps < 1:
-      raise ValueError(f"train.steps={self.steps!r} must be positive.")
-    if self.batch_size < 1:
-      raise ValueError(
-          f"train.batch_size={self.batch_size!r} must be positive.")
-    if isinstance(self.microbatches, bool) or not isinstance(
-        self.microbatches, int) or self.microbatches < 1:
-      raise ValueError(
-          f"train.microbatches={self.microbatches!r} must be a positive"
-          " integer.")
+    for name in ("steps", "batch_size", "microbatches", "spike_window"):
+      sections.check_int(f"train.{name}", getattr(self, name), minimum=1)
+    sections.check_int("train.seed", self.seed)
+    sections.check_bool("train.skip_nonfinite", self.skip_nonfinite)
+    sections.check_float("train.spike_zscore", self.spike_zscore, minimum=0)
     if self.batch_size % self.microbatches:
       raise ValueError(
           f"train.microbatches={self.microbatches} must divide"
           f" train.batch_size={self.batch_size}.")
-    if self.spike_zscore < 0:
-      raise ValueError(
-          f"train.spike_zscore={self.spike_zscore!r} must be >= 0 (0 is"
-          " off).")
-    if self.spike_window < 1:
-      raise ValueError(
-          f"train.spike_window={self.spike_window!r} must be positive.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -97,16 +84,15 @@ class LoggingConfig:
   profile_steps: int
 
   def __post_init__(self):
-    if self.every_steps < 1:
-      raise ValueError(
-          f"logging.every_steps={self.every_steps!r} must be positive.")
-    if self.peak_flops_per_device < 0:
-      raise ValueError(
-          "logging.peak_flops_per_device="
-          f"{self.peak_flops_per_device!r} must be >= 0.")
-    if self.profile_start_step >= 0 and self.profile_steps < 1:
-      raise ValueError(
-          f"logging.profile_steps={self.profile_steps!r} must be positive.")
+    sections.check_int("logging.every_steps", self.every_steps, minimum=1)
+    sections.check_bool("logging.tensorboard", self.tensorboard)
+    sections.check_float("logging.peak_flops_per_device",
+                         self.peak_flops_per_device, minimum=0)
+    sections.check_int("logging.profile_start_step", self.profile_start_step,
+                       minimum=-1)
+    if self.profile_start_step >= 0:
+      sections.check_int("logging.profile_steps", self.profile_steps,
+                         minimum=1)
 
 
 SECTIONS = {
@@ -120,70 +106,6 @@ SECTIONS = {
     "checkpoint": CheckpointConfig,
     "logging": LoggingConfig,
 }
-
-
-def _did_you_mean(unknown: list[str], valid: list[str], prefix: str) -> str:
-  """` (did you mean 'x'?)` for the unknown names close to a valid one."""
-  guesses = []
-  for name in unknown:
-    close = difflib.get_close_matches(name, valid, n=1)
-    if close:
-      guesses.append(f"'{prefix}{close[0]}'")
-  return f" (did you mean {', '.join(guesses)}?)" if guesses else ""
-
-
-def _type_error(key: str, value: Any, expected: Any) -> str | None:
-  """Why `value` does not fit the plain type `expected`, or None if it does.
-
-  Only bool, int, float and str are checked (an int is a valid float); other
-  annotations are left to the section's own validation.
-  """
-  if expected is bool:
-    ok = isinstance(value, bool)
-  elif expected is int:
-    ok = isinstance(value, int) and not isinstance(value, bool)
-  elif expected is float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-  elif expected is str:
-    ok = isinstance(value, str)
-  else:
-    return None
-  if ok:
-    return None
-  return (f"{key}={value!r} is a {type(value).__name__}; it must be a"
-          f" {expected.__name__}.")
-
-
-def build_section(name: str, cls: type[Any], values: Mapping[str, Any]) -> Any:
-  """`cls(**values)`, naming unknown, missing or mistyped keys of `name`.
-
-  Raises:
-    ValueError: a key is unknown (the message suggests the closest valid one
-      and lists them all), missing, or of the wrong type (names the key, the
-      value and the type it must have).
-  """
-  if hasattr(values, "to_dict"):
-    values = values.to_dict()
-  fields = [f.name for f in dataclasses.fields(cls)]
-  unknown = sorted(set(values) - set(fields))
-  if unknown:
-    keys = ", ".join(f"'{name}.{key}'" for key in unknown)
-    raise ValueError(
-        f"Unknown config key {keys}{_did_you_mean(unknown, fields, name + '.')}"
-        f"; valid keys of '{name}': {fields}.")
-  required = [f.name for f in dataclasses.fields(cls)
-              if f.default is dataclasses.MISSING and
-              f.default_factory is dataclasses.MISSING]
-  missing = [key for key in required if key not in values]
-  if missing:
-    keys = ", ".join(f"'{name}.{key}'" for key in missing)
-    raise ValueError(f"Missing config key {keys}; set it in the config file.")
-  hints = typing.get_type_hints(cls)
-  for key, value in values.items():
-    error = _type_error(f"{name}.{key}", value, hints.get(key))
-    if error:
-      raise ValueError(error)
-  return cls(**values)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -208,16 +130,4 @@ class ExperimentConfig:
       ValueError: a section or key is unknown or missing, or a value is
         invalid; the message names it.
     """
-    if hasattr(config, "to_dict"):
-      config = config.to_dict()
-    unknown = sorted(set(config) - set(SECTIONS))
-    if unknown:
-      raise ValueError(
-          f"Unknown config section(s) {unknown}"
-          f"{_did_you_mean(unknown, list(SECTIONS), '')}; valid sections:"
-          f" {list(SECTIONS)}.")
-    missing = [name for name in SECTIONS if name not in config]
-    if missing:
-      raise ValueError(f"Missing config section(s) {missing}.")
-    return cls(**{name: build_section(name, section_cls, config[name])
-                  for name, section_cls in SECTIONS.items()})
+    return cls(**sections.build_sections(config, SECTIONS))

@@ -1,10 +1,14 @@
 """Tests for maxtext.trainers.config."""
 
+import os
+from unittest import mock
+
 from absl.testing import absltest
 
 from configs import gemma3
 from configs import llama3
 from maxtext.trainers import config as config_lib
+from testing import config_checks
 
 
 class ExperimentConfigTest(absltest.TestCase):
@@ -101,6 +105,22 @@ class ExperimentConfigTest(absltest.TestCase):
     config.logging.every_steps = 0
     with self.assertRaisesRegex(ValueError, "logging.every_steps=0"):
       config_lib.ExperimentConfig.from_config_dict(config)
+
+  def test_floats_refuse_nan_and_inf_and_paths_resolve(self):
+    config_checks.assert_front_door(
+        self, config_lib.ExperimentConfig.from_config_dict,
+        gemma3.get_config(), config_lib.SECTIONS)
+
+  def test_mixture_files_resolve_as_the_user_meant(self):
+    config = gemma3.get_config()
+    config.data.source = "mixture"
+    config.data.mixture = {"a": {"source": "jsonl", "files": "x/*.jsonl, y",
+                                 "weight": 1.0}}
+    with mock.patch.dict(os.environ, {"BUILD_WORKING_DIRECTORY": "/u"}):
+      built = config_lib.ExperimentConfig.from_config_dict(config)
+    (name, component), = built.data.components()
+    self.assertEqual((name, component.files), ("a", "/u/x/*.jsonl,/u/y"))
+    self.assertEqual(config.data.mixture.a.files, "x/*.jsonl, y")
 
 
 if __name__ == "__main__":

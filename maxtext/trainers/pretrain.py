@@ -25,6 +25,7 @@ import jax
 import ml_collections
 
 from maxtext.checkpoint import manager as checkpoint_lib
+from maxtext.common import workdir as workdir_lib
 from maxtext.data import pipeline
 from maxtext.metrics import flops
 from maxtext.metrics import goodput as goodput_lib
@@ -37,7 +38,6 @@ from maxtext.trainers import preemption
 from maxtext.trainers import step_setup
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
-from maxtext.trainers import workdir as workdir_lib
 from maxtext.trainers import xla_options
 from maxtext.trainers.config import ExperimentConfig
 
@@ -232,7 +232,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
   Args:
     config: The experiment config (`configs/<family>.py`, overrides applied).
     workdir: Directory of checkpoints, metrics, TensorBoard events and the
-      config (see `maxtext.trainers.workdir`).
+      config (see `maxtext.common.workdir`).
     hooks: Extra hooks, run after the standard ones.
     compile_fn: Gives the train step instead of compiling it (see `prepare`).
 

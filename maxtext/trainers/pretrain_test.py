@@ -10,13 +10,13 @@ import numpy as np
 
 from configs import gemma3
 from maxtext.checkpoint import manager as checkpoint_lib
+from maxtext.common import workdir as workdir_lib
 from maxtext.data import pipeline
 from maxtext.metrics import writers
 from maxtext.trainers import config as config_lib
 from maxtext.trainers import eval_step
 from maxtext.trainers import hooks as hooks_lib
 from maxtext.trainers import pretrain
-from maxtext.trainers import workdir as workdir_lib
 
 _TEXT = """\
 Now is the winter of our discontent

@@ -20,9 +20,9 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from maxtext.common import config_flag
+from maxtext.common import paths
 from maxtext.data import pipeline
-from maxtext.trainers import config_flag
-from maxtext.trainers import workdir as workdir_lib
 from maxtext.trainers.config import ExperimentConfig
 
 _CONFIG = config_flag.define_config_file(
@@ -86,5 +86,5 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  sys.argv = workdir_lib.resolve_config_argv(sys.argv)
+  sys.argv = paths.resolve_config_argv(sys.argv)
   app.run(main)

@@ -20,6 +20,7 @@ CPU devices: run it alternately (other jobs share the cores) with
 """
 
 from maxtext.common import host_memory
+from maxtext.common import paths
 
 # First: it may re-execute this process under mimalloc, and glibc's
 # settings must precede any thread (importing numpy starts one).
@@ -34,9 +35,8 @@ from absl import flags
 import jax
 from ml_collections import config_flags
 
-from maxtext.trainers import config_flag
+from maxtext.common import config_flag
 from maxtext.trainers import pretrain
-from maxtext.trainers import workdir as workdir_lib
 from maxtext.trainers.config import ExperimentConfig
 from tools.bench import memory
 
@@ -92,5 +92,5 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  sys.argv = workdir_lib.resolve_config_argv(sys.argv)
+  sys.argv = paths.resolve_config_argv(sys.argv)
   app.run(main)

@@ -21,8 +21,8 @@ from absl import app
 from absl import flags
 from matplotlib import figure
 
+from maxtext.common import paths
 from maxtext.metrics import writers
-from maxtext.trainers import workdir as workdir_lib
 
 DEFAULT_METRICS = ("train/loss", "train/learning_rate",
                    "perf/tokens_per_s_per_device", "perf/mfu")
@@ -116,8 +116,8 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not _WORKDIR.value:
     raise app.UsageError("Give at least one --workdir.")
-  workdirs = [workdir_lib.user_path(w) for w in _WORKDIR.value]
-  output = (workdir_lib.user_path(_OUTPUT.value) if _OUTPUT.value else
+  workdirs = [paths.user_path(w) for w in _WORKDIR.value]
+  output = (paths.user_path(_OUTPUT.value) if _OUTPUT.value else
             os.path.join(workdirs[0], "metrics.png"))
   plot_runs(workdirs, output, keys=_METRICS.value, columns=_COLUMNS.value)
   print(f"Wrote {output}")

@@ -21,8 +21,8 @@ import sys
 from absl import app
 from absl import flags
 
-from maxtext.trainers import config_flag
-from maxtext.trainers import workdir as workdir_lib
+from maxtext.common import config_flag
+from maxtext.common import paths
 from tools.sharding import goldens
 
 _CONFIG = config_flag.define_config_file("config", "Config file.")
@@ -49,5 +49,5 @@ def main(argv):
 
 if __name__ == "__main__":
   # A config path is relative to where the user ran `bazel run`.
-  sys.argv = workdir_lib.resolve_config_argv(sys.argv)
+  sys.argv = paths.resolve_config_argv(sys.argv)
   app.run(main)

@@ -16,20 +16,11 @@ from typing import Any
 
 from absl import logging
 
+from maxtext.common import paths
+
 CONFIG_FILENAME = "config.json"
 CHECKPOINT_DIRNAME = "checkpoints"
 PROFILE_DIRNAME = "profile"
-
-
-def user_path(path: str) -> str:
-  """`path` as the user meant it: relative paths resolve against the
-  directory the command was run from (`BUILD_WORKING_DIRECTORY` under
-  `bazel run`, else the current directory)."""
-  path = os.path.expanduser(path)
-  if os.path.isabs(path):
-    return path
-  base = os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
-  return os.path.normpath(os.path.join(base, path))
 
 
 def output_path(workdir: str, path: str, *, key: str) -> str:
@@ -57,34 +48,6 @@ def output_path(workdir: str, path: str, *, key: str) -> str:
   return resolved
 
 
-def config_file_path(path: str) -> str:
-  """Where to read a `--config` file from (the `:arg` suffix kept).
-
-  Under `bazel run` the current directory holds the runfiles, where the
-  bundled configs (`configs/gemma3.py`) are; a path that is not there is
-  resolved against the directory the user ran from.
-  """
-  file_path, sep, arg = path.partition(":")
-  if os.path.isabs(file_path) or os.path.exists(file_path):
-    return path
-  return user_path(file_path) + sep + arg
-
-
-def resolve_config_argv(argv: list[str], flag: str = "config") -> list[str]:
-  """`argv` with the value of `--<flag>` passed through `config_file_path`.
-
-  Overrides (`--config.train.steps=10`) are left alone.
-  """
-  out = list(argv)
-  for i, arg in enumerate(out):
-    for prefix in (f"--{flag}=", f"-{flag}="):
-      if arg.startswith(prefix):
-        out[i] = prefix + config_file_path(arg[len(prefix):])
-    if arg in (f"--{flag}", f"-{flag}") and i + 1 < len(out):
-      out[i + 1] = config_file_path(out[i + 1])
-  return out
-
-
 def default_workdir(config_path: str) -> str:
   """`runs/<config file stem>[_<arg>]` under the directory the user ran from.
 
@@ -94,13 +57,13 @@ def default_workdir(config_path: str) -> str:
   name = os.path.splitext(os.path.basename(file_path))[0]
   if arg:
     name += "_" + "".join(c if c.isalnum() or c in "-." else "_" for c in arg)
-  return user_path(os.path.join("runs", name))
+  return paths.user_path(os.path.join("runs", name))
 
 
 def resolve_workdir(workdir_flag: str | None, config_path: str) -> str:
   """A binary's --workdir (relative to the directory the user ran from), or
   `default_workdir(config_path)` when it is not given."""
-  return (user_path(workdir_flag) if workdir_flag else
+  return (paths.user_path(workdir_flag) if workdir_flag else
           default_workdir(config_path))
 
 

@@ -1,9 +1,9 @@
-"""Tests for maxtext.trainers.config_flag."""
+"""Tests for maxtext.common.config_flag."""
 
 from absl import flags
 from absl.testing import absltest
 
-from maxtext.trainers import config_flag
+from maxtext.common import config_flag
 
 _CONFIG_FILE = """
 import ml_collections

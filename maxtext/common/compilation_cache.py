@@ -14,7 +14,7 @@ import os
 from absl import flags
 import jax
 
-from maxtext.trainers import workdir as workdir_lib
+from maxtext.common import paths
 
 DIRNAME = "compilation_cache"
 
@@ -38,7 +38,7 @@ def use(flag_value: str | None, workdir: str) -> str:
                   os.path.join(workdir, DIRNAME))
   if not flag_value:
     return ""
-  path = workdir_lib.user_path(flag_value)
+  path = paths.user_path(flag_value)
   jax.config.update("jax_compilation_cache_dir", path)
   # Every program of the run, not only those above JAX's 1 s default.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

@@ -6,7 +6,7 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from maxtext.trainers import compilation_cache
+from maxtext.common import compilation_cache
 
 
 class UseTest(absltest.TestCase):

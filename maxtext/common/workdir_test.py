@@ -1,4 +1,4 @@
-"""Tests for maxtext.trainers.workdir."""
+"""Tests for maxtext.common.workdir."""
 
 import json
 import os
@@ -6,17 +6,10 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from maxtext.trainers import workdir
+from maxtext.common import workdir
 
 
 class PathsTest(absltest.TestCase):
-
-  def test_user_path_prefers_the_bazel_working_directory(self):
-    with mock.patch.dict(os.environ, {"BUILD_WORKING_DIRECTORY": "/home/me"}):
-      self.assertEqual(workdir.user_path("runs/x"), "/home/me/runs/x")
-      self.assertEqual(workdir.user_path("/abs/x"), "/abs/x")
-    with mock.patch.dict(os.environ, {"BUILD_WORKING_DIRECTORY": ""}):
-      self.assertEqual(workdir.user_path("x"), os.path.join(os.getcwd(), "x"))
 
   def test_default_workdir(self):
     with mock.patch.dict(os.environ, {"BUILD_WORKING_DIRECTORY": "/home/me"}):
@@ -30,35 +23,6 @@ class PathsTest(absltest.TestCase):
                        "/home/me/runs/gemma3")
       self.assertEqual(workdir.resolve_workdir("out", "configs/gemma3.py"),
                        "/home/me/out")
-
-  def test_config_file_resolution(self):
-    user_dir = self.create_tempdir()
-    user_dir.create_file("my.py", content="")
-    runfiles = self.create_tempdir()
-    runfiles.create_file("configs/gemma3.py", content="")
-    with mock.patch.dict(os.environ,
-                         {"BUILD_WORKING_DIRECTORY": user_dir.full_path}):
-      cwd = os.getcwd()
-      os.chdir(runfiles.full_path)
-      try:
-        # A bundled config is read from the runfiles (the current directory).
-        self.assertEqual(workdir.config_file_path("configs/gemma3.py:1b"),
-                         "configs/gemma3.py:1b")
-        # The user's own file is found where they ran the command.
-        mine = os.path.join(user_dir.full_path, "my.py")
-        self.assertEqual(workdir.config_file_path("my.py:a"), mine + ":a")
-        self.assertEqual(
-            workdir.resolve_config_argv(
-                ["train", "--config=my.py", "--config.train.steps=3"]),
-            ["train", f"--config={mine}", "--config.train.steps=3"])
-        self.assertEqual(
-            workdir.resolve_config_argv(["train", "--config", "my.py"]),
-            ["train", "--config", mine])
-      finally:
-        os.chdir(cwd)
-
-
-class OutputPathTest(absltest.TestCase):
 
   def test_relative_paths_stay_inside_the_workdir(self):
     root = self.create_tempdir().full_path
