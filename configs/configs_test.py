@@ -15,7 +15,7 @@ from configs import gemma2
 from configs import gemma3
 from configs import mistral
 from maxtext.common.model_config import ModelConfig
-from maxtext.data.pipeline import DataConfig
+from maxtext.data.data_config import DataConfig
 from ml_collections import config_flags
 
 from testing import tiny_configs

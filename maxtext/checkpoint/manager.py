@@ -21,16 +21,16 @@ write (e.g. a full disk) is raised by the next `save` or `wait` as a
 `CheckpointError` naming the step and path; the checkpoints before it are
 untouched (Orbax deletes old checkpoints only after a new one is committed).
 
-Tiers: a run may keep a fast local tier (`CheckpointConfig.local_dir`) next
-to the persistent one (`<workdir>/checkpoints`), each a `Checkpointer`.
-`restore_newest` takes the newest usable step of any tier: it verifies each
-candidate against its manifest, newest first, and skips (reporting step and
-path) the corrupt ones, renaming them to `<s>.corrupt-<time>` once an older
-one has restored so that the run can save that step again. Since the
-manifest is part of the commit, a step folder without a valid one is corrupt
-too. A checkpoint whose arrays do not fit the model (another model's shapes)
-is an error, not a fallback: older checkpoints of the run would not fit
-either.
+Tiers: a run may keep a fast local tier (`CheckpointConfig.local_dir` of
+`maxtext.checkpoint.checkpoint_config`) next to the persistent one
+(`<workdir>/checkpoints`), each a `Checkpointer`. `restore_newest` takes the
+newest usable step of any tier: it verifies each candidate against its
+manifest, newest first, and skips (reporting step and path) the corrupt
+ones, renaming them to `<s>.corrupt-<time>` once an older one has restored
+so that the run can save that step again. Since the manifest is part of the
+commit, a step folder without a valid one is corrupt too. A checkpoint whose
+arrays do not fit the model (another model's shapes) is an error, not a
+fallback: older checkpoints of the run would not fit either.
 
 Checkpoints are read only through Orbax (TensorStore arrays) and JSON: nothing
 is ever unpickled.
@@ -63,59 +63,6 @@ class CheckpointError(RuntimeError):
 
 class CheckpointMismatchError(CheckpointError):
   """A checkpoint holds arrays of another model (names the path and array)."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CheckpointConfig:
-  """The `checkpoint` config section.
-
-  Attributes:
-    every_steps: Save to the persistent tier (`<workdir>/checkpoints`) every
-      this many updates (and always at the end of a run or on preemption);
-      0 saves only then.
-    max_to_keep: Most recent persistent checkpoints kept.
-    async_save: Write files in the background while training continues.
-    every_minutes: Also save to the persistent tier when this many minutes
-      passed since its last save (process 0's clock decides); 0 is off.
-    local_dir: The fast local tier (local SSD or RAM disk), relative to the
-      workdir and inside it (a symlink in the workdir may point elsewhere);
-      empty turns the tier off. It must be visible to every process.
-    local_every_steps: Save to the local tier every this many updates.
-    local_max_to_keep: Most recent local checkpoints kept.
-  """
-
-  every_steps: int
-  max_to_keep: int
-  async_save: bool
-  every_minutes: float = 0.0
-  local_dir: str = ""
-  local_every_steps: int = 0
-  local_max_to_keep: int = 2
-
-  def __post_init__(self):
-    if self.every_steps < 0:
-      raise ValueError(
-          f"checkpoint.every_steps={self.every_steps!r} must be >= 0.")
-    if self.max_to_keep < 1:
-      raise ValueError(
-          f"checkpoint.max_to_keep={self.max_to_keep!r} must be >= 1.")
-    if self.every_minutes < 0:
-      raise ValueError(
-          f"checkpoint.every_minutes={self.every_minutes!r} must be >= 0"
-          " (0 is off).")
-    if self.local_max_to_keep < 1:
-      raise ValueError(
-          f"checkpoint.local_max_to_keep={self.local_max_to_keep!r} must be"
-          " >= 1.")
-    if self.local_dir and self.local_every_steps < 1:
-      raise ValueError(
-          f"checkpoint.local_every_steps={self.local_every_steps!r} must be"
-          f" >= 1 with checkpoint.local_dir={self.local_dir!r}.")
-    if not self.local_dir and self.local_every_steps:
-      raise ValueError(
-          f"checkpoint.local_every_steps={self.local_every_steps!r} needs"
-          " checkpoint.local_dir (the local tier's folder); set it or set"
-          " local_every_steps=0.")
 
 
 def _all_processes(ok: bool) -> bool:

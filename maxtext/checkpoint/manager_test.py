@@ -18,6 +18,7 @@ import optax
 
 from maxtext.checkpoint import integrity
 from maxtext.checkpoint import manager
+from maxtext.checkpoint.checkpoint_config import CheckpointConfig
 
 
 def _state(seed: int):
@@ -165,15 +166,15 @@ class CheckpointerTest(absltest.TestCase):
   def test_invalid_config(self):
     values = dict(every_steps=2, max_to_keep=2, async_save=True)
     with self.assertRaisesRegex(ValueError, "checkpoint.max_to_keep=0"):
-      manager.CheckpointConfig(**{**values, "max_to_keep": 0})
+      CheckpointConfig(**{**values, "max_to_keep": 0})
     with self.assertRaisesRegex(ValueError,
                                 "checkpoint.local_every_steps=0 must be >= 1"
                                 " with checkpoint.local_dir='local'"):
-      manager.CheckpointConfig(**values, local_dir="local")
+      CheckpointConfig(**values, local_dir="local")
     with self.assertRaisesRegex(ValueError, "needs checkpoint.local_dir"):
-      manager.CheckpointConfig(**values, local_every_steps=2)
+      CheckpointConfig(**values, local_every_steps=2)
     with self.assertRaisesRegex(ValueError, "every_minutes=-1"):
-      manager.CheckpointConfig(**values, every_minutes=-1)
+      CheckpointConfig(**values, every_minutes=-1)
 
 
 class TiersAndCorruptionTest(absltest.TestCase):

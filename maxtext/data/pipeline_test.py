@@ -12,6 +12,7 @@ import numpy as np
 from maxtext.data import packing
 from maxtext.data import pipeline
 from maxtext.data import records
+from maxtext.data.data_config import DataConfig
 
 _WORDS = ("mercy", "strained", "droppeth", "gentle", "rain", "heaven", "place",
           "beneath", "blessed", "twice")
@@ -22,7 +23,7 @@ def _text(i: int) -> str:
   return " ".join(rng.choice(_WORDS, size=3 + i % 11))
 
 
-def _config(**overrides) -> pipeline.DataConfig:
+def _config(**overrides) -> DataConfig:
   values = dict(
       source="jsonl", files="", text_field="text", text_unit="paragraph",
       mixture={}, tokenizer="", add_bos=True, add_eos=True, chat_template="",
@@ -30,7 +31,7 @@ def _config(**overrides) -> pipeline.DataConfig:
       strict=False, max_document_bytes=1 << 16, eval_source="",
       eval_files="", eval_every_steps=0, eval_steps=3)
   values.update(overrides)
-  return pipeline.DataConfig(**values)
+  return DataConfig(**values)
 
 
 def _record_ids(batches) -> list[list[int]]:

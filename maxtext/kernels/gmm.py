@@ -12,9 +12,9 @@ one signature:
   auto        megablox on a single TPU device with K and N multiples of
               128 (its tiles), ragged_dot elsewhere: XLA partitions
               ragged_dot but cannot partition a Pallas kernel, and inside
-              the expert-parallel `jax.shard_map` of `maxtext.layers.moe`
-              (check_vma=True) megablox's outputs lack the varying-axes
-              annotation it needs.
+              the expert-parallel `jax.shard_map` of
+              `maxtext.layers.moe_experts` (check_vma=True) megablox's
+              outputs lack the varying-axes annotation it needs.
 
 Shape key: M rows, K contraction dim, N output dim, E groups.
 """

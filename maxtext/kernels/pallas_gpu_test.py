@@ -12,6 +12,7 @@ import numpy as np
 from maxtext.kernels import attention
 from maxtext.kernels import kernel_testing
 from maxtext.kernels import pallas_gpu
+from maxtext.kernels import pallas_gpu_kernels
 
 _B, _L, _K = 2, 37, 8  # L = 37 pads to 48: three 16-tiles.
 
@@ -85,12 +86,12 @@ class PallasGpuInterpretTest(parameterized.TestCase):
     tiles = visible.reshape(padded // block_q, block_q, padded // block_kv,
                             block_kv).any((1, 3))
     for qi in range(tiles.shape[0]):
-      first, end = pallas_gpu._key_blocks(  # pylint: disable=protected-access
+      first, end = pallas_gpu_kernels._key_blocks(  # pylint: disable=protected-access
           st, qi * block_q, block_q, block_kv)
       np.testing.assert_array_equal(np.flatnonzero(tiles[qi]),
                                     np.arange(first, end), err_msg=f"q{qi}")
     for kj in range(tiles.shape[1]):
-      first, end = pallas_gpu._query_blocks(  # pylint: disable=protected-access
+      first, end = pallas_gpu_kernels._query_blocks(  # pylint: disable=protected-access
           st, kj * block_kv, block_q, block_kv, tiles.shape[0])
       np.testing.assert_array_equal(np.flatnonzero(tiles[:, kj]),
                                     np.arange(first, end), err_msg=f"k{kj}")

@@ -9,20 +9,9 @@ their sum, times `routed_scaling_factor`. GPT-OSS's router (a softmax over
 the top-k logits) is softmax scores renormalised over the chosen experts,
 with `router_logit_bias` adding a trained bias to the logits.
 
-Each expert is a gated MLP (`maxtext.layers.mlp.GATED_UNITS`); with
-`expert_bias` its projections add per-expert biases (GPT-OSS), and with
-`expert_gate_up_fused` its gate and up projections are one parameter
-`gate_up` [E, D, 2, F].
-
-Three ways to run the routed experts, equal whenever nothing is dropped:
-  "dropless": the T*k (token, expert) assignments are sorted by expert and
-    each expert's contiguous run goes through a grouped matmul
-    (`jax.lax.ragged_dot`); no token is ever dropped.
-  "capacity": each expert has C = ceil(capacity_factor * T * k / E) slots,
-    filled in token order; assignments past C are dropped (their weight is
-    lost) and counted. Fixed shapes [E, C, D].
-  "dense": every expert runs on every token and the outputs are combined
-    with one-hot weights; the reference.
+The routed experts (gated MLPs), the three ways to run them
+(`cfg.moe_impl`: "dropless", "capacity", "dense") and expert parallelism
+are in `maxtext.layers.moe_experts`.
 
 Auxiliary losses (`MoE.__call__` returns them with the output, already
 weighted by the config): the load-balancing loss
@@ -41,29 +30,11 @@ bias is a `RouterBias` variable, not a `nnx.Param`: it lives in the train
 state's `model_state`, out of reach of the gradients, the optimizer and
 its weight decay.
 
-Expert parallelism: expert weights carry the logical axis "experts" (the
-rule tables map it to the `expert` mesh axis). The capacity path constrains
-its dispatched tokens [E, C, D] to the same axis, so XLA exchanges tokens
-between the batch shards and the expert shards (all-to-all) and each device
-runs only its experts. XLA cannot partition ragged_dot over experts (it
-would gather the expert weights), so when the compute rules split the
-experts over `expert` (size > 1), the dropless path exchanges tokens itself
-(`expert_parallel_dropless`): inside `jax.shard_map` each shard routes its
-tokens, sends each assignment to the shard holding its expert, runs its
-local experts on what it received and sends the results back, with
-`all_to_all` over `expert`. XLA:CPU lacks `ragged_all_to_all`, so the
-exchange uses fixed buffers of S rows per destination shard (a sender's
-every assignment may go to one shard): nothing is dropped, at the price of
-moving `expert` times more rows than a ragged exchange would.
-
 Shape key: B batch, L length, D embed dim, T tokens (B*L), E experts,
-K experts per token, S token-expert assignments (T*K), F expert hidden dim,
-C expert capacity; in the token exchange P expert shards, X local experts
-(E / P), R received rows (P * S).
+K experts per token, F expert hidden dim.
 """
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -71,16 +42,9 @@ from flax import nnx
 
 from maxtext.common import axes
 from maxtext.common.model_config import ModelConfig
-from maxtext.kernels import gmm
 from maxtext.layers import linear
 from maxtext.layers import mlp
-
-# Logical axis of the expert dimension of expert weights and of tokens
-# dispatched to experts.
-EXPERTS = "experts"
-_DISPATCHED = (EXPERTS, None, axes.EMBED)
-# The mesh axis the dropless path exchanges tokens over.
-EXPERT_AXIS = "expert"
+from maxtext.layers import moe_experts
 
 
 class AuxLoss(nnx.Intermediate):
@@ -91,24 +55,8 @@ class RouterBias(nnx.Variable):
   """DeepSeek's expert-selection bias: not a `nnx.Param` (no gradient)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Routing:
-  """A router's decision for T tokens.
-
-  Attributes:
-    weights_TK: Weight of each chosen expert in the token's output.
-    experts_TK: The chosen experts (int32).
-    probs_TE: Router probabilities (scores normalised over the experts),
-      for the load-balancing loss.
-  """
-
-  weights_TK: jax.Array
-  experts_TK: jax.Array
-  probs_TE: jax.Array
-
-
 def route(logits_TE: jax.Array, cfg: ModelConfig,
-          bias_E: jax.Array | None = None) -> Routing:
+          bias_E: jax.Array | None = None) -> moe_experts.Routing:
   """Chooses `cfg.num_experts_per_token` experts per token (module doc)."""
   logits_TE = logits_TE.astype(jnp.float32)
   if cfg.router_score == "softmax":
@@ -134,23 +82,17 @@ def route(logits_TE: jax.Array, cfg: ModelConfig,
   probs_TE = scores_TE
   if cfg.router_score == "sigmoid":
     probs_TE = scores_TE / scores_TE.sum(-1, keepdims=True)
-  return Routing(weights_TK * cfg.routed_scaling_factor,
-                 experts_TK.astype(jnp.int32), probs_TE)
+  return moe_experts.Routing(weights_TK * cfg.routed_scaling_factor,
+                             experts_TK.astype(jnp.int32), probs_TE)
 
 
-def expert_counts(experts_TK: jax.Array, num_experts: int) -> jax.Array:
-  """Assignments per expert [E] (int32)."""
-  return jnp.bincount(experts_TK.reshape(-1), length=num_experts).astype(
-      jnp.int32)
-
-
-def load_balance_loss(routing: Routing, num_experts: int,
+def load_balance_loss(routing: moe_experts.Routing, num_experts: int,
                       counts_E: jax.Array | None = None) -> jax.Array:
   """`E * sum_e (count_e / T) * mean_t probs[t, e]` (float32); `counts_E`:
-  `expert_counts` of the routing when the caller has them."""
+  `moe_experts.expert_counts` of the routing when the caller has them."""
   tokens = routing.probs_TE.shape[0]
   if counts_E is None:
-    counts_E = expert_counts(routing.experts_TK, num_experts)
+    counts_E = moe_experts.expert_counts(routing.experts_TK, num_experts)
   fraction_E = counts_E / tokens
   return num_experts * jnp.sum(fraction_E * routing.probs_TE.mean(0))
 
@@ -183,206 +125,6 @@ def update_router_bias(bias_E: jax.Array, load_E: jax.Array,
   return bias_E + rate * jnp.sign(mean - load_E).astype(bias_E.dtype)
 
 
-@dataclasses.dataclass(frozen=True)
-class ExpertWeights:
-  """The routed experts' gated MLPs, in the compute dtype.
-
-  Attributes:
-    gate_EDF: Gate projections.
-    up_EDF: Up projections.
-    down_EFD: Down projections.
-    gated_unit: (gate, up) -> hidden (`maxtext.layers.mlp.GATED_UNITS`).
-    gate_up_bias_E2F: Biases of the gate ([:, 0]) and up ([:, 1])
-      projections, or None.
-    down_bias_ED: Biases of the down projections, or None.
-  """
-
-  gate_EDF: jax.Array
-  up_EDF: jax.Array
-  down_EFD: jax.Array
-  gated_unit: object
-  gate_up_bias_E2F: jax.Array | None = None
-  down_bias_ED: jax.Array | None = None
-
-  def hidden(self, gate_xF, up_xF, index) -> jax.Array:
-    """Gated unit of gate and up projections [..., F] whose experts'
-    biases are `bias_EF[index]` (broadcasting against them)."""
-    if self.gate_up_bias_E2F is not None:
-      gate_xF = gate_xF + self.gate_up_bias_E2F[:, 0][index]
-      up_xF = up_xF + self.gate_up_bias_E2F[:, 1][index]
-    return self.gated_unit(gate_xF, up_xF)
-
-  def output(self, y_xD, index) -> jax.Array:
-    """Down projections [..., D] plus their experts' biases
-    `bias_ED[index]`."""
-    if self.down_bias_ED is None:
-      return y_xD
-    return y_xD + self.down_bias_ED[index]
-
-
-def dense_experts(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
-  """Reference: every expert on every token, one-hot combine."""
-  combine_TE = jnp.zeros(routing.probs_TE.shape, x_TD.dtype).at[
-      jnp.arange(x_TD.shape[0])[:, None], routing.experts_TK].add(
-          routing.weights_TK.astype(x_TD.dtype))
-  h_TEF = w.hidden(jnp.einsum("td,edf->tef", x_TD, w.gate_EDF),
-                   jnp.einsum("td,edf->tef", x_TD, w.up_EDF), None)
-  y_TED = w.output(jnp.einsum("tef,efd->ted", h_TEF, w.down_EFD), None)
-  return jnp.einsum("ted,te->td", y_TED, combine_TE)
-
-
-def grouped_experts(x_SD, expert_S, sizes_E, w: ExpertWeights) -> jax.Array:
-  """Rows sorted by expert (`sizes_E[e]` rows of expert e, in order, then
-  any padding rows) through their experts' MLPs (grouped matmuls,
-  `maxtext.kernels.gmm`: megablox on TPU, `ragged_dot` elsewhere)."""
-  h_SF = w.hidden(gmm.grouped_matmul(x_SD, w.gate_EDF, sizes_E),
-                  gmm.grouped_matmul(x_SD, w.up_EDF, sizes_E), expert_S)
-  return w.output(gmm.grouped_matmul(h_SF, w.down_EFD, sizes_E), expert_S)
-
-
-def _sort_by_expert(routing: Routing, num_experts: int):
-  """(order, expert_S, sizes_E): the T*K assignments sorted by expert."""
-  flat_experts = routing.experts_TK.reshape(-1)
-  order = jnp.argsort(flat_experts, stable=True)
-  return (order, flat_experts[order],
-          expert_counts(flat_experts, num_experts))
-
-
-def _combine(y_SD, routing: Routing, order, tokens: int) -> jax.Array:
-  """Each token's sum of its sorted assignments' outputs times weights."""
-  k = routing.experts_TK.shape[1]
-  weights_S = routing.weights_TK.reshape(-1)[order].astype(y_SD.dtype)
-  return jnp.zeros((tokens, y_SD.shape[-1]), y_SD.dtype).at[order // k].add(
-      y_SD * weights_S[:, None])
-
-
-def dropless_experts(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
-  """Tokens sorted by expert through grouped matmuls (`ragged_dot`)."""
-  k = routing.experts_TK.shape[1]
-  order, expert_S, sizes_E = _sort_by_expert(routing, w.gate_EDF.shape[0])
-  y_SD = grouped_experts(x_TD[order // k], expert_S, sizes_E, w)
-  return _combine(y_SD, routing, order, x_TD.shape[0])
-
-
-def expert_parallel_rules(num_experts: int, tokens: int):
-  """The active compute rules when they split the experts, and the batch's
-  `tokens`, over the `expert` mesh axis (size > 1), else None."""
-  rules = axes.current_constrainer()
-  mesh = getattr(rules, "mesh", None)
-  if mesh is None or mesh.shape[EXPERT_AXIS] == 1:
-    return None
-  if rules.compute_spec((EXPERTS,), (num_experts,)) != (
-      jax.sharding.PartitionSpec(EXPERT_AXIS)):
-    return None
-  token_axes, = axes.spec_axes(
-      rules.compute_spec((axes.BATCH,), (tokens,)), 1)
-  return rules if EXPERT_AXIS in token_axes else None
-
-
-def expert_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
-                             rules) -> jax.Array:
-  """`dropless_experts` with tokens exchanged between expert shards.
-
-  Under `jax.shard_map` over `rules.mesh`: tokens (and their routing) split
-  as the compute rules split the batch, expert weights by the `expert`
-  axis. Each shard sorts its assignments by expert, sends each to the
-  shard holding its expert (`all_to_all` over `expert`), runs its local
-  experts on what it received (`grouped_experts`) and sends the results
-  back (module doc).
-  """
-  tokens_spec = rules.compute_spec((axes.BATCH, None), x_TD.shape)
-  arrays = {name: value for name, value in vars(w).items()
-            if isinstance(value, jax.Array)}  # Each [E, ...].
-  expert_spec = jax.sharding.PartitionSpec(EXPERT_AXIS)
-
-  def exchange(x_TD, experts_TK, weights_TK, local_arrays):
-    return _exchange_tokens(
-        x_TD, Routing(weights_TK, experts_TK, None),
-        dataclasses.replace(w, **local_arrays), rules.mesh.shape[EXPERT_AXIS])
-
-  return jax.shard_map(
-      exchange, mesh=rules.mesh,
-      in_specs=(tokens_spec, tokens_spec, tokens_spec, expert_spec),
-      out_specs=tokens_spec)(x_TD, routing.experts_TK, routing.weights_TK,
-                             arrays)
-
-
-def _exchange_tokens(x_TD, routing: Routing, w: ExpertWeights,
-                     shards: int) -> jax.Array:
-  """One shard's part of `expert_parallel_dropless` (inside shard_map).
-
-  `w` holds this shard's `local` experts, global ids `index * local` on.
-  The all-to-all buffers are fixed-size: each shard may receive up to S
-  rows (all of a sender's assignments) from each of the `shards` senders,
-  so nothing is dropped (XLA:CPU has no ragged-all-to-all).
-  """
-  tokens, k = routing.experts_TK.shape
-  rows, local = tokens * k, w.gate_EDF.shape[0]
-  order, expert_S, sizes_E = _sort_by_expert(routing, local * shards)
-  # Send: shard p's rows (of its experts) go to buffer row p, from slot 0.
-  dest_S = expert_S // local
-  send_P = sizes_E.reshape(shards, local).sum(1)
-  slot_S = jnp.arange(rows) - (jnp.cumsum(send_P) - send_P)[dest_S]
-  send_PSD = jnp.zeros((shards, rows, x_TD.shape[-1]), x_TD.dtype).at[
-      dest_S, slot_S].set(x_TD[order // k])
-  recv_PSD = jax.lax.all_to_all(send_PSD, EXPERT_AXIS, 0, 0)
-  # Sender p's rows for this shard, sorted by (local) expert; then padding.
-  all_sizes_PE = jax.lax.all_gather(sizes_E, EXPERT_AXIS)
-  recv_sizes_PX = jax.lax.dynamic_slice_in_dim(
-      all_sizes_PE, jax.lax.axis_index(EXPERT_AXIS) * local, local, axis=1)
-  ends_PX = jnp.cumsum(recv_sizes_PX, axis=1)
-  # Local expert of each received row; `local` marks padding.
-  expert_R = jnp.sum(jnp.arange(rows)[None, :, None] >= ends_PX[:, None, :],
-                     axis=-1).reshape(-1)
-  recv_order = jnp.argsort(expert_R, stable=True)
-  # Padding rows (zeros, results unused) read the last expert's biases.
-  y_RD = grouped_experts(
-      recv_PSD.reshape(shards * rows, -1)[recv_order],
-      jnp.minimum(expert_R[recv_order], local - 1), recv_sizes_PX.sum(0), w)
-  y_PSD = jnp.zeros_like(y_RD).at[recv_order].set(y_RD).reshape(
-      shards, rows, -1)
-  back_PSD = jax.lax.all_to_all(y_PSD, EXPERT_AXIS, 0, 0)
-  return _combine(back_PSD[dest_S, slot_S], routing, order, tokens)
-
-
-def capacity(tokens: int, cfg: ModelConfig) -> int:
-  """Slots per expert of the capacity path."""
-  return math.ceil(cfg.capacity_factor * tokens * cfg.num_experts_per_token
-                   / cfg.num_experts)
-
-
-def capacity_experts(x_TD, routing: Routing, w: ExpertWeights,
-                     slots: int) -> tuple[jax.Array, jax.Array]:
-  """Fixed-capacity dispatch; returns (y_TD, number of dropped assignments).
-
-  Assignments fill their expert's `slots` in token order (a token's k
-  choices in rank order); later ones are dropped.
-  """
-  tokens, k = routing.experts_TK.shape
-  num_experts = w.gate_EDF.shape[0]
-  flat_experts = routing.experts_TK.reshape(-1)
-  one_hot_SE = jax.nn.one_hot(flat_experts, num_experts, dtype=jnp.int32)
-  slot_S = jnp.sum((jnp.cumsum(one_hot_SE, axis=0) - 1) * one_hot_SE, -1)
-  kept_S = slot_S < slots
-  # Dropped assignments write out of bounds (dropped) and read zeros.
-  slot_S = jnp.where(kept_S, slot_S, slots)
-  token_of = jnp.arange(tokens * k) // k
-  x_ECD = jnp.zeros((num_experts, slots, x_TD.shape[-1]), x_TD.dtype).at[
-      flat_experts, slot_S].set(x_TD[token_of], mode="drop")
-  x_ECD = axes.constrain(x_ECD, _DISPATCHED)
-  per_expert = (slice(None), None)  # Biases [E, 1, F or D].
-  h_ECF = w.hidden(jnp.einsum("ecd,edf->ecf", x_ECD, w.gate_EDF),
-                   jnp.einsum("ecd,edf->ecf", x_ECD, w.up_EDF), per_expert)
-  y_ECD = axes.constrain(
-      w.output(jnp.einsum("ecf,efd->ecd", h_ECF, w.down_EFD), per_expert),
-      _DISPATCHED)
-  y_SD = y_ECD.at[flat_experts, slot_S].get(mode="fill", fill_value=0)
-  weights_S = routing.weights_TK.reshape(-1).astype(y_SD.dtype)
-  y_TD = jnp.zeros_like(x_TD, dtype=y_SD.dtype).at[token_of].add(
-      y_SD * weights_S[:, None])
-  return y_TD, jnp.sum(~kept_S)
-
-
 class MoE(nnx.Module):
   """Routed experts (+ shared experts): [B, L, D] -> ([B, L, D], aux).
 
@@ -397,7 +139,8 @@ class MoE(nnx.Module):
     self.cfg = cfg
     experts, dim, hidden = cfg.num_experts, cfg.embed_dim, cfg.moe_mlp_dim
     self.router = linear.Linear(
-        (dim,), (experts,), in_axes=(axes.EMBED,), out_axes=(EXPERTS,),
+        (dim,), (experts,), in_axes=(axes.EMBED,),
+        out_axes=(moe_experts.EXPERTS,),
         dtype="float32", param_dtype=cfg.param_dtype, rngs=rngs,
         use_bias=cfg.router_logit_bias)
     init = nnx.initializers.variance_scaling(
@@ -410,27 +153,27 @@ class MoE(nnx.Module):
           batch_axis=(0,))
       self.gate_up = axes.param(
           fused_init(rngs.params(), (experts, dim, 2, hidden), param_dtype),
-          (EXPERTS, axes.EMBED, None, axes.MLP))
+          (moe_experts.EXPERTS, axes.EMBED, None, axes.MLP))
       self.gate = self.up = None
     else:
       self.gate_up = None
       self.gate = axes.param(
           init(rngs.params(), (experts, dim, hidden), param_dtype),
-          (EXPERTS, axes.EMBED, axes.MLP))
+          (moe_experts.EXPERTS, axes.EMBED, axes.MLP))
       self.up = axes.param(
           init(rngs.params(), (experts, dim, hidden), param_dtype),
-          (EXPERTS, axes.EMBED, axes.MLP))
+          (moe_experts.EXPERTS, axes.EMBED, axes.MLP))
     if cfg.expert_bias:
       self.gate_up_bias = axes.param(
           jnp.zeros((experts, 2, hidden), param_dtype),
-          (EXPERTS, None, axes.MLP))
+          (moe_experts.EXPERTS, None, axes.MLP))
       self.down_bias = axes.param(jnp.zeros((experts, dim), param_dtype),
-                                  (EXPERTS, axes.EMBED))
+                                  (moe_experts.EXPERTS, axes.EMBED))
     else:
       self.gate_up_bias = self.down_bias = None
     self.down = axes.param(
         init(rngs.params(), (experts, hidden, dim), param_dtype),
-        (EXPERTS, axes.MLP, axes.EMBED))
+        (moe_experts.EXPERTS, axes.MLP, axes.EMBED))
     self.router_bias = (RouterBias(jnp.zeros((experts,), jnp.float32))
                         if cfg.router_bias else None)
     if cfg.num_shared_experts:
@@ -453,26 +196,28 @@ class MoE(nnx.Module):
       gate_EDF, up_EDF = self.gate_up[:, :, 0], self.gate_up[:, :, 1]
     biases = [None if b is None else b[...].astype(dtype)
               for b in (self.gate_up_bias, self.down_bias)]
-    weights = ExpertWeights(
+    weights = moe_experts.ExpertWeights(
         gate_EDF.astype(dtype), up_EDF.astype(dtype),
         self.down[...].astype(dtype), mlp.GATED_UNITS[cfg.mlp_activation],
         *biases)
     dropped = jnp.zeros((), jnp.int32)
     if cfg.moe_impl == "dropless":
-      rules = expert_parallel_rules(cfg.num_experts, x_TD.shape[0])
+      rules = moe_experts.expert_parallel_rules(cfg.num_experts,
+                                                x_TD.shape[0])
       if rules is None:
-        y_TD = dropless_experts(x_TD, routing, weights)
+        y_TD = moe_experts.dropless_experts(x_TD, routing, weights)
       else:
-        y_TD = expert_parallel_dropless(x_TD, routing, weights, rules)
+        y_TD = moe_experts.expert_parallel_dropless(x_TD, routing, weights,
+                                                    rules)
     elif cfg.moe_impl == "capacity":
-      y_TD, dropped = capacity_experts(x_TD, routing, weights,
-                                       capacity(x_TD.shape[0], cfg))
+      y_TD, dropped = moe_experts.capacity_experts(
+          x_TD, routing, weights, moe_experts.capacity(x_TD.shape[0], cfg))
     else:
-      y_TD = dense_experts(x_TD, routing, weights)
+      y_TD = moe_experts.dense_experts(x_TD, routing, weights)
     y_BLD = y_TD.reshape(batch, length, dim)
     if self.shared is not None:
       y_BLD = y_BLD + self.shared(x_BLD)
-    load_E = expert_counts(routing.experts_TK, cfg.num_experts)
+    load_E = moe_experts.expert_counts(routing.experts_TK, cfg.num_experts)
     balance = load_balance_loss(routing, cfg.num_experts, load_E)
     z_loss = router_z_loss(logits_TE)
     aux = {

@@ -11,6 +11,7 @@ import numpy as np
 
 from maxtext.common.model_config import ModelConfig
 from maxtext.layers import moe
+from maxtext.layers import moe_experts
 
 _CFG = ModelConfig(family="test", vocab_size=8, num_layers=1, embed_dim=8,
                    mlp_dim=12, num_heads=1, num_kv_heads=1, head_dim=2,
@@ -127,8 +128,9 @@ class LossesTest(absltest.TestCase):
     # 1) / 4; mean probs p = column means of probs_TE.
     probs = np.array([[.5, .3, .2], [.6, .2, .2], [.2, .7, .1],
                       [.1, .1, .8]], np.float32)
-    routing = moe.Routing(jnp.ones((4, 1)), jnp.array([[0], [0], [1], [2]]),
-                          jnp.asarray(probs))
+    routing = moe_experts.Routing(jnp.ones((4, 1)),
+                                  jnp.array([[0], [0], [1], [2]]),
+                                  jnp.asarray(probs))
     p = probs.mean(0)  # (0.35, 0.325, 0.325)
     want = 3 * (0.5 * p[0] + 0.25 * p[1] + 0.25 * p[2])  # 1.0125
     self.assertAlmostEqual(want, 1.0125, places=6)
@@ -144,7 +146,7 @@ class LossesTest(absltest.TestCase):
   def test_update_router_bias(self):
     # Counts (3, 1, 2, 2), mean 2: expert 0 down, 1 up, 2 and 3 unchanged.
     experts = jnp.array([[0, 1], [0, 2], [0, 3], [2, 3]])
-    load = moe.expert_counts(experts, 4)
+    load = moe_experts.expert_counts(experts, 4)
     bias = moe.update_router_bias(jnp.zeros(4), load, rate=0.01)
     np.testing.assert_allclose(bias, [-0.01, 0.01, 0.0, 0.0])
     # Batched over layers; the second layer is balanced.
@@ -230,7 +232,7 @@ class MoETest(parameterized.TestCase):
   def test_capacity_drops_and_counts(self):
     cfg, layer, x = self._layer_and_input(moe_impl="capacity",
                                           capacity_factor=0.5)
-    slots = moe.capacity(10, cfg)  # ceil(0.5 * 10 * 2 / 4) = 3.
+    slots = moe_experts.capacity(10, cfg)  # ceil(0.5 * 10 * 2 / 4) = 3.
     self.assertEqual(slots, 3)
     y, aux = layer(jnp.asarray(x))
     x_TD = x.reshape(10, 8)

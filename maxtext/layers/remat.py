@@ -4,7 +4,7 @@ A policy decides which activations of a decoder block the backward pass keeps
 from the forward pass and which it recomputes. Named activations are tagged
 with `jax.ad_checkpoint.checkpoint_name` in the layers (see
 `maxtext.layers.attention` and `maxtext.layers.mlp`; the names are
-`model_config.REMAT_NAMES`).
+`model_checks.REMAT_NAMES`).
 
   none                 no remat: every activation is kept (fastest, most
                        memory).

@@ -19,7 +19,7 @@ from typing import Any
 
 from maxtext.common import paths
 from maxtext.common import sections
-from maxtext.data.pipeline import DataConfig
+from maxtext.data.data_config import DataConfig
 from maxtext.optim.optimizer import OptimizerConfig
 from maxtext.posttrain.lora import LoraConfig
 from maxtext.sharding.mesh import MeshConfig

@@ -24,6 +24,7 @@ from tunix.sft.dpo import dpo_trainer
 
 from maxtext.data import chat_template as chat_lib
 from maxtext.data import pipeline
+from maxtext.data.data_config import DataConfig
 from maxtext.posttrain import rows as rows_lib
 
 
@@ -123,7 +124,7 @@ def tokenize_pairs(records, chat: chat_lib.ChatEncoder, *,
   return TokenizedPairs(**{k: np.stack(v) for k, v in columns.items()})
 
 
-def load_pairs(data: pipeline.DataConfig, dpo, *, files: str, kind: str
+def load_pairs(data: DataConfig, dpo, *, files: str, kind: str
                ) -> TokenizedPairs:
   """The tokenized records of `files` (format `kind`) for the `dpo`
   section's fields and lengths, with `data`'s tokenizer and template."""

@@ -38,6 +38,7 @@ import numpy as np
 from tunix.sft import peft_trainer
 
 from maxtext.data import pipeline
+from maxtext.data.data_config import DataConfig
 from maxtext.posttrain import base_model
 from maxtext.posttrain import dpo
 from maxtext.posttrain import rows as rows_lib
@@ -77,7 +78,7 @@ def _write_conversations(kind: str, files: str, prompt_field: str,
 
 
 def data_config(config: PosttrainConfig,
-                workdir: str) -> pipeline.DataConfig:
+                workdir: str) -> DataConfig:
   """The data section the pipeline reads: `config.data`, or with
   prompt/completion records, conversations written to the workdir.
 
@@ -121,7 +122,7 @@ def model_batches(batches) -> Iterator[dict[str, np.ndarray]]:
 class EvalBatches:
   """The eval split, read afresh by each evaluation."""
 
-  def __init__(self, data: pipeline.DataConfig, rows: int, vocab_size: int):
+  def __init__(self, data: DataConfig, rows: int, vocab_size: int):
     self.data = data
     self.rows = rows
     self.vocab_size = vocab_size

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 import dataclasses
 from typing import Any
 
-from maxtext.checkpoint.manager import CheckpointConfig
+from maxtext.checkpoint.checkpoint_config import CheckpointConfig
 from maxtext.common import sections
 from maxtext.common.model_config import ModelConfig
-from maxtext.data.pipeline import DataConfig
+from maxtext.data.data_config import DataConfig
 from maxtext.optim.optimizer import OptimizerConfig
 from maxtext.quant.qat import QatConfig
 from maxtext.sharding.mesh import MeshConfig

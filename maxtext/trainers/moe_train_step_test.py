@@ -58,6 +58,7 @@ from configs import common
 from configs import mixtral
 from maxtext.common import axes
 from maxtext.layers import moe
+from maxtext.layers import moe_experts
 from maxtext.models import decoder
 from maxtext.optim import optimizer
 from maxtext.sharding import mesh as mesh_lib
@@ -211,7 +212,7 @@ class DroppedTokenMetricsTest(absltest.TestCase):
     batch = _batch(state)
     model = state.model()
     # 64 tokens * 2 experts each over 4 experts: 16 slots per expert.
-    slots = moe.capacity(64, model.cfg)
+    slots = moe_experts.capacity(64, model.cfg)
     _, aux_losses, stats = nnx.capture(model, moe.AuxLoss,
                                        nnx.Intermediate)(batch["inputs"])
     aux_loss = float(sum(jax.tree.leaves(aux_losses)))
@@ -337,7 +338,7 @@ class ExpertParallelismTest(parameterized.TestCase):
 
     def objective(params, x, rules):
       with axes.activation_sharding(rules):
-        self.assertEqual(moe.expert_parallel_rules(8, 32), rules)
+        self.assertEqual(moe_experts.expert_parallel_rules(8, 32), rules)
         y, _ = nnx.merge(graphdef, params)(x)
       return jnp.sum(jnp.sin(y))
 

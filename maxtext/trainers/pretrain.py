@@ -25,6 +25,7 @@ import jax
 import ml_collections
 
 from maxtext.checkpoint import manager as checkpoint_lib
+from maxtext.checkpoint.checkpoint_config import CheckpointConfig
 from maxtext.common import workdir as workdir_lib
 from maxtext.data import pipeline
 from maxtext.metrics import flops
@@ -198,7 +199,7 @@ def quiet_orbax_info_logs() -> None:
     absl_logger.addFilter(_DropInfoFrom(f"{os.sep}orbax{os.sep}"))
 
 
-def make_checkpointers(workdir: str, config: checkpoint_lib.CheckpointConfig
+def make_checkpointers(workdir: str, config: CheckpointConfig
                        ) -> list[checkpoint_lib.Checkpointer]:
   """The checkpoint tiers of a run in `workdir`, fastest first.
 

@@ -1,0 +1,137 @@
+"""One decoder layer: `Block` (attention then MLP or experts, pre-norm and
+optional post-norms) and how the decoder runs one (`block_runner`: rotary
+per window, KV cache or remat policy).
+
+Shape key: B batch, L length, D embed dim.
+"""
+
+import jax
+from flax import nnx
+
+from maxtext.common import axes
+from maxtext.common.model_config import ModelConfig
+from maxtext.layers import attention
+from maxtext.layers import kv_cache as kv_cache_lib
+from maxtext.layers import mla
+from maxtext.layers import mlp
+from maxtext.layers import moe
+from maxtext.layers import norm
+from maxtext.layers import remat
+from maxtext.layers import rope
+
+# The residual stream's logical axes, constrained at every block boundary.
+RESIDUAL = (axes.BATCH, axes.LENGTH, axes.EMBED)
+
+
+def embed_norm(cfg: ModelConfig) -> norm.RMSNorm:
+  return norm.RMSNorm(cfg.embed_dim, axis_name=axes.EMBED, eps=cfg.norm_eps,
+                      offset=cfg.norm_offset, param_dtype=cfg.param_dtype)
+
+
+class Block(nnx.Module):
+  """Pre-norm residual block: attention then gated MLP or experts (optional
+  post-norms)."""
+
+  def __init__(self, cfg: ModelConfig, *, experts: bool = False,
+               rngs: nnx.Rngs):
+    self.pre_attention_norm = embed_norm(cfg)
+    attention_class = mla.MLA if cfg.attention_type == "mla" else (
+        attention.Attention)
+    self.attention = attention_class(cfg, rngs=rngs)
+    self.post_attention_norm = embed_norm(cfg) if cfg.post_norms else None
+    self.pre_mlp_norm = embed_norm(cfg)
+    self.mlp = None if experts else mlp.MLP(cfg, rngs=rngs)
+    self.moe = moe.MoE(cfg, rngs=rngs) if experts else None
+    self.post_mlp_norm = embed_norm(cfg) if cfg.post_norms else None
+
+  def __call__(self, x_BLD: jax.Array, rotary: rope.Rotary, *,
+               window: int | None,
+               segment_ids_BL: jax.Array | None,
+               cache: kv_cache_lib.KVCache | None = None,
+               positions_BL: jax.Array | None = None):
+    """Returns (new residual stream, cache or None, moe aux dict or None)."""
+    h_BLD = self.attention(self.pre_attention_norm(x_BLD), rotary,
+                           window=window, segment_ids_BL=segment_ids_BL,
+                           cache=cache, positions_BL=positions_BL)
+    if cache is not None:
+      h_BLD, cache = h_BLD
+    if self.post_attention_norm is not None:
+      h_BLD = self.post_attention_norm(h_BLD)
+    x_BLD = x_BLD + h_BLD
+    aux = None
+    if self.moe is None:
+      h_BLD = self.mlp(self.pre_mlp_norm(x_BLD))
+    else:
+      h_BLD, aux = self.moe(self.pre_mlp_norm(x_BLD))
+    if self.post_mlp_norm is not None:
+      h_BLD = self.post_mlp_norm(h_BLD)
+    return x_BLD + h_BLD, cache, aux
+
+
+def _with_remat(call_block, cfg: ModelConfig):
+  """`call_block(block, x_BLD, window) -> (x_BLD, aux)` under
+  `cfg.remat_policy`."""
+  if cfg.remat_policy == "none":
+    return call_block
+
+  def run_block(block: Block, x_BLD: jax.Array, window: int | None):
+    graphdef, state = nnx.split(block)
+
+    def apply(state, x_BLD):
+      return call_block(nnx.merge(graphdef, state), x_BLD, window)
+
+    # Inside a scan, CSE cannot merge the recomputation; skip its barrier.
+    return remat.remat(apply, cfg.remat_policy,
+                       prevent_cse=not cfg.scan_layers,
+                       custom=cfg.remat_custom)(state, x_BLD)
+
+  return run_block
+
+
+def block_runner(cfg: ModelConfig, positions_BL: jax.Array,
+                  segment_ids_BL: jax.Array | None, *, cached: bool,
+                  page_table_BN: jax.Array | None = None):
+  """`run_block(block, x_BLD, window, layer_cache) -> (x_BLD, layer_cache,
+  aux)`, aux the block's MoE aux dict or None.
+
+  With `cached`, each block reads and writes its layer's KV cache at
+  `positions_BL` (a `PagedKVCache` through `page_table_BN`, which every
+  layer shares); otherwise `layer_cache` is None and each block runs under
+  `cfg.remat_policy`.
+  """
+  global_rotary = rope.Rotary.at(positions_BL,
+                                 rope.global_inverse_frequencies(cfg),
+                                 rope.global_attention_factor(cfg))
+  if cfg.rope_local_theta is None:  # Local layers share the global rotary.
+    local_rotary = global_rotary
+  else:
+    local_rotary = rope.Rotary.at(positions_BL,
+                                  rope.local_inverse_frequencies(cfg))
+
+  if cached:
+    def run_block(block, x_BLD, window, layer_cache):
+      rotary = global_rotary if window is None else local_rotary
+      if page_table_BN is not None:
+        layer_cache = kv_cache_lib.PagedView(layer_cache, page_table_BN)
+      x_BLD, layer_cache, aux = block(x_BLD, rotary, window=window,
+                                      segment_ids_BL=segment_ids_BL,
+                                      cache=layer_cache,
+                                      positions_BL=positions_BL)
+      if page_table_BN is not None:
+        layer_cache = layer_cache.pages
+      return axes.constrain(x_BLD, RESIDUAL), layer_cache, aux
+    return run_block
+
+  def call_block(block: Block, x_BLD: jax.Array, window: int | None):
+    rotary = global_rotary if window is None else local_rotary
+    x_BLD, _, aux = block(x_BLD, rotary, window=window,
+                          segment_ids_BL=segment_ids_BL)
+    return axes.constrain(x_BLD, RESIDUAL), aux
+
+  remat_block = _with_remat(call_block, cfg)
+
+  def run_remat_block(block, x_BLD, window, layer_cache):
+    del layer_cache  # None.
+    x_BLD, aux = remat_block(block, x_BLD, window)
+    return x_BLD, None, aux
+  return run_remat_block

@@ -1,0 +1,57 @@
+"""Every library module under maxtext/ stays at most 450 lines.
+
+One concept per module: a module past the limit is split by concern (see
+`../shared/STYLE.md`), not allowed to grow. The modules are this test's
+data (each maxtext package's `py_srcs` filegroup, tests excluded), so the
+test reruns whenever one changes.
+"""
+
+import os
+
+from absl.testing import absltest
+
+MAX_LINES = 450
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_RUNFILES_ROOT = os.path.dirname(os.path.dirname(_HERE))
+
+
+def _modules(root: str) -> dict[str, str]:
+  """Package-relative path -> path of each library module under root/maxtext."""
+  out = {}
+  for folder, _, files in os.walk(os.path.join(root, "maxtext")):
+    for name in files:
+      if name.endswith(".py") and not name.endswith("_test.py"):
+        path = os.path.join(folder, name)
+        out[os.path.relpath(path, root)] = path
+  return out
+
+
+class ModuleSizeTest(absltest.TestCase):
+
+  def test_every_library_module_is_at_most_450_lines(self):
+    modules = _modules(_RUNFILES_ROOT)
+    self.assertGreater(len(modules), 100)  # The filegroups are in the data.
+    too_long = {}
+    for name, path in sorted(modules.items()):
+      with open(path, encoding="utf-8") as f:
+        count = sum(1 for _ in f)
+      if count > MAX_LINES:
+        too_long[name] = count
+    self.assertEqual(too_long, {}, f"library modules over {MAX_LINES} lines"
+                     " (split them by concern)")
+
+  def test_every_package_is_in_the_data(self):
+    # The source tree, where the runfiles link to: a package without a
+    # py_srcs filegroup in this test's data would go unchecked.
+    source_root = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.realpath(__file__))))
+    if source_root == _RUNFILES_ROOT:
+      self.skipTest("the runfiles are copies: no source tree to compare")
+    packages = {os.path.dirname(name) for name in _modules(source_root)}
+    covered = {os.path.dirname(name) for name in _modules(_RUNFILES_ROOT)}
+    self.assertEqual(packages - covered, set(),
+                     "add these packages' py_srcs to //tools/lint's data")
+
+
+if __name__ == "__main__":
+  absltest.main()
