@@ -1,0 +1,16 @@
+"""The `py_srcs` filegroup of a package, the data of //tools/lint:module_size_test."""
+
+def py_srcs(name = "py_srcs"):
+    """Declares `name`: the package's library modules (tests excluded).
+
+    Args:
+      name: The filegroup's name; the lint test's data names `py_srcs`.
+    """
+    native.filegroup(
+        name = name,
+        srcs = native.glob(
+            ["*.py"],
+            exclude = ["*_test.py"],
+        ),
+        visibility = ["//tools/lint:__pkg__"],
+    )
