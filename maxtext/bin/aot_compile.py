@@ -57,7 +57,6 @@ from maxtext.aot import topology as topology_lib
 from maxtext.common import cli
 from maxtext.common import config_flag
 from maxtext.common import paths
-from maxtext.posttrain import runtime as runtime_lib
 from maxtext.posttrain.config import PosttrainConfig
 from maxtext.rl.config import RlRunConfig
 from maxtext.sharding import report as report_lib

@@ -65,7 +65,7 @@ def _fits(value: Any, expected: Any) -> bool | None:
   return None
 
 
-def type_error(key: str, value: Any, annotation: Any) -> str | None:
+def _type_error(key: str, value: Any, annotation: Any) -> str | None:
   """Why `value` does not fit `annotation`, or None if it does.
 
   Plain types (bool, int, float, str, optionally `| None`) are checked; an
@@ -116,7 +116,7 @@ def build_section(name: str, cls: type[Any], values: Mapping[str, Any]) -> Any:
     raise ValueError(f"Missing config key {keys}; set it in the config file.")
   hints = typing.get_type_hints(cls)
   for key, value in values.items():
-    error = type_error(f"{name}.{key}", value, hints.get(key))
+    error = _type_error(f"{name}.{key}", value, hints.get(key))
     if error:
       raise ValueError(error)
   return cls(**paths.resolve_values(cls, values))

@@ -39,7 +39,6 @@ class Target:
 
   label: str
   seconds: list[float] = dataclasses.field(default_factory=list)
-  status: str = ""
   source: str = "run"
   compiles: int = 0
   compile_s: float = 0.0
@@ -76,7 +75,6 @@ def read_build_events(path: str) -> tuple[dict[str, Target], set[str]]:
       target = targets.setdefault(label, Target(label))
       target.seconds.append(
           int(result.get("testAttemptDurationMillis", 0)) / 1000)
-      target.status = result.get("status", target.status)
       target.logs.extend(
           output["uri"].removeprefix("file://")
           for output in result.get("testActionOutput", [])
