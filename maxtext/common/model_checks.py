@@ -98,6 +98,10 @@ def check_moe(self) -> None:
     value = getattr(self, name)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
       fail(name, value, "must be an integer >= 0")
+  interval = self.moe_layer_interval
+  if isinstance(interval, bool) or not isinstance(interval, int) or (
+      interval < 1):
+    fail("moe_layer_interval", interval, "must be a positive integer")
   expert_flags = ("router_logit_bias", "expert_bias",
                   "expert_gate_up_fused")
   for name in expert_flags:
@@ -108,6 +112,9 @@ def check_moe(self) -> None:
       if getattr(self, name):
         fail("num_experts", self.num_experts,
               f"must be positive when {name} is set")
+    if interval != 1:
+      fail("num_experts", self.num_experts,
+            "must be positive when moe_layer_interval is set")
     return
   for name, valid in (("router_score", ROUTER_SCORES),
                       ("moe_impl", MOE_IMPLS)):
@@ -125,6 +132,11 @@ def check_moe(self) -> None:
   if self.first_dense_layers >= self.num_layers:
     fail("first_dense_layers", self.first_dense_layers,
           f"must be below num_layers={self.num_layers}")
+  if not any(self.moe_layer(i) for i in range(self.num_layers)):
+    fail("moe_layer_interval", interval,
+          f"leaves no expert layer among layers {self.first_dense_layers}.."
+          f"{self.num_layers - 1} (layer i has experts when (i + 1) % "
+          "moe_layer_interval == 0)")
   groups = self.num_expert_groups
   if groups < 1 or self.num_experts % groups:
     fail("num_expert_groups", groups,
@@ -152,6 +164,39 @@ def check_moe(self) -> None:
     fail("pipeline_stages", self.pipeline_stages,
           "pipelining is not supported with experts (num_experts="
           f"{self.num_experts}); use 1")
+
+def check_global_sizes(self) -> None:
+  """`global_head_dim` and `global_num_kv_heads`: a global layer's own
+  attention sizes (0: the model's)."""
+  for name in ("global_head_dim", "global_num_kv_heads"):
+    value = getattr(self, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      fail(name, value, "must be an integer >= 0 (0: the model's)")
+  if self.global_head_dim % 2:
+    fail("global_head_dim", self.global_head_dim,
+          "must be even (rotary embeddings)")
+  if self.global_num_kv_heads and self.num_heads % self.global_num_kv_heads:
+    fail("global_num_kv_heads", self.global_num_kv_heads,
+          f"must divide num_heads={self.num_heads}")
+  name = ("global_head_dim" if self.global_head_dim else
+          "global_num_kv_heads" if self.global_num_kv_heads else None)
+  if name is None:
+    return
+  if self.sliding_window == 0 or self.global_layer_interval == 0:
+    fail(name, getattr(self, name),
+          "sets the global layers' attention apart from the local ones', "
+          "but every layer is "
+          + ("global" if self.sliding_window == 0 else "local")
+          + "; set head_dim and num_kv_heads instead, or use 0")
+  if self.attention_type != "gqa":
+    fail(name, getattr(self, name),
+          f'serves attention_type="gqa" only, not {self.attention_type!r};'
+          " use 0")
+  if self.pipeline_stages > 1:
+    fail("pipeline_stages", self.pipeline_stages,
+          f"pipelining runs one layer kind; {name} makes global layers a "
+          "kind of their own; use 1")
+
 
 def check_mla(self) -> None:
   """The multi-head latent attention fields (only read with

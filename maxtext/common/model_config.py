@@ -103,6 +103,11 @@ class ModelConfig:
       see `maxtext.layers.rope.attention_factor`.
     sliding_window: Keys a local layer's query sees, itself included; 0 means
       every layer is global.
+    global_head_dim: Width of a global layer's attention heads when it
+      differs from `head_dim` (Gemma 4); 0: `head_dim`. Such layers are a
+      layer kind of their own (`maxtext.common.layer_pattern`).
+    global_num_kv_heads: A global layer's key/value heads when they differ
+      from `num_kv_heads`; 0: `num_kv_heads`.
     global_layer_interval: Every this-many-th layer is global (see module
       docstring); 0 means none is.
     query_pre_attn_scalar: Queries are scaled by `query_pre_attn_scalar**-0.5`;
@@ -142,6 +147,9 @@ class ModelConfig:
       as one MLP of width `num_shared_experts * moe_mlp_dim` (DeepSeek).
     first_dense_layers: The first this-many layers have a dense MLP of width
       `mlp_dim` instead of experts (DeepSeek's first_k_dense_replace).
+    moe_layer_interval: After those, layer `i` has experts when
+      `(i + 1) % moe_layer_interval == 0` and the dense MLP otherwise
+      (Llama 4's interleave_moe_layer_step); 1: every one has experts.
     router_score: "softmax" over the experts (Mixtral, Qwen 3 MoE) or
       per-expert "sigmoid" (DeepSeek-V3).
     router_normalize: The chosen experts' weights are divided by their sum.
@@ -234,6 +242,8 @@ class ModelConfig:
   rope_yarn_mscale_all_dim: float = 0.0
   sliding_window: int = 0
   global_layer_interval: int = 1
+  global_head_dim: int = 0
+  global_num_kv_heads: int = 0
   query_pre_attn_scalar: float | None = None
   attn_logit_softcap: float = 0.0
   final_logit_softcap: float = 0.0
@@ -248,6 +258,7 @@ class ModelConfig:
   moe_mlp_dim: int = 0
   num_shared_experts: int = 0
   first_dense_layers: int = 0
+  moe_layer_interval: int = 1
   router_score: str = "softmax"
   router_normalize: bool = True
   router_bias: bool = False
@@ -376,13 +387,15 @@ class ModelConfig:
             ' "allgather" with attention_type="mla"')
     model_checks.check_pipeline(self)
     model_checks.check_moe(self)
+    model_checks.check_global_sizes(self)
     model_checks.check_mla(self)
     model_checks.check_mtp(self)
     model_checks.normalize_remat_custom(self)
 
   def moe_layer(self, layer: int) -> bool:
     """Whether layer `layer` (0-based) has experts instead of a dense MLP."""
-    return self.num_experts > 0 and layer >= self.first_dense_layers
+    return (self.num_experts > 0 and layer >= self.first_dense_layers
+            and (layer + 1) % self.moe_layer_interval == 0)
 
   def layer_windows(self) -> tuple[int | None, ...]:
     """Sliding window of each layer; None for a global layer."""

@@ -107,6 +107,8 @@ class CachedDecodingTest(parameterized.TestCase):
   def test_cache_layouts(self):
     for scan_layers, kind in ((True, "stacked"), (False, "tuple")):
       cache = _model(_tiny("qwen3", scan_layers=scan_layers)).init_cache(2, 7)
+      self.assertEqual(list(cache), ["blocks"])  # One cache per layer kind.
+      cache = cache["blocks"]
       if kind == "stacked":
         self.assertEqual(cache.key_BSGK.shape, (3, 2, 7, 2, 8))
       else:

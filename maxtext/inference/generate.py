@@ -43,6 +43,7 @@ Shape key: B batch, P longest prompt, T max new tokens, S = P + T cache
 length, V vocab, N pages per row.
 """
 
+import collections
 import dataclasses
 import functools
 
@@ -88,13 +89,9 @@ def _unscanned(model):
   cfg = model.cfg
   if not cfg.scan_layers:
     return model
-  counts = {"dense_blocks": cfg.first_dense_layers,
-            "blocks": cfg.num_layers - cfg.first_dense_layers}
-  for group, count in counts.items():
-    blocks = getattr(model, group)
-    if blocks is None:
-      continue
-    graphdef, stacked_state = nnx.split(blocks)
+  for group, count in collections.Counter(
+      layer.kind.name for layer in model.pattern).items():
+    graphdef, stacked_state = nnx.split(getattr(model, group))
     setattr(model, group, nnx.List([
         nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked_state))
         for i in range(count)]))

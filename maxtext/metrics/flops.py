@@ -9,8 +9,10 @@ value) + H*K*D (output), gated MLP 3*D*F; plus the output head D*V once (tied
 or not: the head is a matmul, the embedding lookup is not). Norm scales are
 not matmuls. A mixture-of-experts layer counts only what one token uses:
 its router D*E, the k routed experts it goes to and the shared experts,
-3*D*F_e each (F_e = moe_mlp_dim); the first `first_dense_layers` layers have
-the dense MLP.
+3*D*F_e each (F_e = moe_mlp_dim); layers without experts (the first
+`first_dense_layers`, those between `moe_layer_interval`) have the dense MLP.
+Each layer counts with its kind's sizes (`maxtext.common.layer_pattern`:
+Gemma 4's global layers have their own head size).
 
 Attention (scores Q.K and the weighted sum P.V): 2 * 2 * H * K FLOPs per
 attended key in the forward pass, 3x that for training, so
@@ -18,13 +20,14 @@ attended key in the forward pass, 3x that for training, so
 row of L tokens attends on average (L + 1) / 2 keys (the causal halving); a
 sliding-window layer of window w < L attends min(i + 1, w) keys at position
 i, on average w - w * (w - 1) / (2 * L). Windows come from
-`ModelConfig.layer_windows()`.
+`layer_pattern.layers(cfg)`.
 """
 
 import re
 
 import jax
 
+from maxtext.common import layer_pattern
 from maxtext.common.model_config import ModelConfig
 
 # Dense bf16 peak FLOP/s per chip, matched against `device.device_kind` in
@@ -46,14 +49,16 @@ PEAK_FLOPS_BY_DEVICE_KIND = (
 def matmul_params(cfg: ModelConfig) -> int:
   """Parameters used in matmuls by one token, output head included (and
   the multi-token prediction modules, which training runs too)."""
-  attention = attention_params(cfg)
-  mlp = sum(mlp_params_per_token(cfg, layer)
-            for layer in range(cfg.num_layers))
+  layers = sum(attention_params(layer.kind.config(cfg)) +
+               mlp_params_per_token(cfg, layer.kind.experts)
+               for layer in layer_pattern.layers(cfg))
   head = cfg.embed_dim * cfg.vocab_size
-  # Multi-token prediction depths: projection, one block, the shared head.
-  mtp = cfg.mtp_layers * (2 * cfg.embed_dim**2 + attention + head +
-                          mlp_params_per_token(cfg, cfg.num_layers))
-  return cfg.num_layers * attention + mlp + head + mtp
+  # Multi-token prediction depths: projection, one block (with experts when
+  # the model has them), the shared head.
+  mtp = cfg.mtp_layers * (2 * cfg.embed_dim**2 + attention_params(cfg) +
+                          head + mlp_params_per_token(cfg,
+                                                      cfg.num_experts > 0))
+  return layers + head + mtp
 
 
 def attention_params(cfg: ModelConfig) -> int:
@@ -72,9 +77,10 @@ def attention_params(cfg: ModelConfig) -> int:
   return query + kv + heads * cfg.v_head_dim * cfg.embed_dim
 
 
-def mlp_params_per_token(cfg: ModelConfig, layer: int) -> int:
-  """Matmul parameters of layer `layer`'s MLP (or experts) one token uses."""
-  if not cfg.moe_layer(layer):
+def mlp_params_per_token(cfg: ModelConfig, experts: bool) -> int:
+  """Matmul parameters of a layer's MLP (or its `experts`) one token
+  uses."""
+  if not experts:
     return 3 * cfg.embed_dim * cfg.mlp_dim
   experts = cfg.num_experts_per_token + cfg.num_shared_experts
   return cfg.embed_dim * (cfg.num_experts + 3 * experts * cfg.moe_mlp_dim)
@@ -89,12 +95,15 @@ def mean_attended_keys(window: int | None, seq_len: int) -> float:
 
 def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
   """Training FLOPs of attention scores and values, per token."""
-  # Query-key and probability-value widths (they differ with MLA).
-  qk_dim = cfg.head_dim + cfg.qk_nope_head_dim
-  v_dim = cfg.v_head_dim or cfg.head_dim
-  return sum(6 * cfg.num_heads * (qk_dim + v_dim) *
-             mean_attended_keys(window, seq_len)
-             for window in cfg.layer_windows())
+  total = 0.0
+  for layer in layer_pattern.layers(cfg):
+    kind_cfg = layer.kind.config(cfg)
+    # Query-key and probability-value widths (they differ with MLA).
+    qk_dim = kind_cfg.head_dim + kind_cfg.qk_nope_head_dim
+    v_dim = kind_cfg.v_head_dim or kind_cfg.head_dim
+    total += (6 * cfg.num_heads * (qk_dim + v_dim) *
+              mean_attended_keys(layer.window, seq_len))
+  return total
 
 
 def training_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

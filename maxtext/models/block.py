@@ -1,6 +1,7 @@
 """One decoder layer: `Block` (attention then MLP or experts, pre-norm and
-optional post-norms) and how the decoder runs one (`block_runner`: rotary
-per window, KV cache or remat policy).
+optional post-norms), built for its layer kind
+(`maxtext.common.layer_pattern`), and how the decoder runs one
+(`block_runner`: rotary per window and head size, KV cache or remat policy).
 
 Shape key: B batch, L length, D embed dim.
 """
@@ -9,6 +10,7 @@ import jax
 from flax import nnx
 
 from maxtext.common import axes
+from maxtext.common import layer_pattern
 from maxtext.common.model_config import ModelConfig
 from maxtext.layers import attention
 from maxtext.layers import kv_cache as kv_cache_lib
@@ -30,10 +32,12 @@ def embed_norm(cfg: ModelConfig) -> norm.RMSNorm:
 
 class Block(nnx.Module):
   """Pre-norm residual block: attention then gated MLP or experts (optional
-  post-norms)."""
+  post-norms), as layer kind `kind` has them."""
 
-  def __init__(self, cfg: ModelConfig, *, experts: bool = False,
+  def __init__(self, cfg: ModelConfig, kind: layer_pattern.LayerKind, *,
                rngs: nnx.Rngs):
+    experts = kind.experts
+    cfg = kind.config(cfg)
     self.pre_attention_norm = embed_norm(cfg)
     attention_class = mla.MLA if cfg.attention_type == "mla" else (
         attention.Attention)
@@ -69,16 +73,16 @@ class Block(nnx.Module):
 
 
 def _with_remat(call_block, cfg: ModelConfig):
-  """`call_block(block, x_BLD, window) -> (x_BLD, aux)` under
+  """`call_block(block, x_BLD, layer) -> (x_BLD, aux)` under
   `cfg.remat_policy`."""
   if cfg.remat_policy == "none":
     return call_block
 
-  def run_block(block: Block, x_BLD: jax.Array, window: int | None):
+  def run_block(block: Block, x_BLD: jax.Array, layer: layer_pattern.Layer):
     graphdef, state = nnx.split(block)
 
     def apply(state, x_BLD):
-      return call_block(nnx.merge(graphdef, state), x_BLD, window)
+      return call_block(nnx.merge(graphdef, state), x_BLD, layer)
 
     # Inside a scan, CSE cannot merge the recomputation; skip its barrier.
     return remat.remat(apply, cfg.remat_policy,
@@ -88,32 +92,33 @@ def _with_remat(call_block, cfg: ModelConfig):
   return run_block
 
 
-def block_runner(cfg: ModelConfig, positions_BL: jax.Array,
-                  segment_ids_BL: jax.Array | None, *, cached: bool,
-                  page_table_BN: jax.Array | None = None):
-  """`run_block(block, x_BLD, window, layer_cache) -> (x_BLD, layer_cache,
-  aux)`, aux the block's MoE aux dict or None.
+def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
+                 positions_BL: jax.Array, segment_ids_BL: jax.Array | None, *,
+                 cached: bool, page_table_BN: jax.Array | None = None):
+  """`run_block(block, x_BLD, layer, layer_cache) -> (x_BLD, layer_cache,
+  aux)` for the layers of `pattern`, aux the block's MoE aux dict or None.
 
   With `cached`, each block reads and writes its layer's KV cache at
   `positions_BL` (a `PagedKVCache` through `page_table_BN`, which every
   layer shares); otherwise `layer_cache` is None and each block runs under
   `cfg.remat_policy`.
   """
-  global_rotary = rope.Rotary.at(positions_BL,
-                                 rope.global_inverse_frequencies(cfg),
-                                 rope.global_attention_factor(cfg))
-  if cfg.rope_local_theta is None:  # Local layers share the global rotary.
-    local_rotary = global_rotary
-  else:
-    local_rotary = rope.Rotary.at(positions_BL,
-                                  rope.local_inverse_frequencies(cfg))
+  rotaries = {}  # Built here, outside the layers' scans, once per key.
+  for layer in pattern:
+    key = _rotary_key(cfg, layer)
+    if key not in rotaries:
+      rotaries[key] = _rotary(layer.kind.config(cfg), positions_BL,
+                              local=key[0])
+
+  def rotary_of(layer):
+    return rotaries[_rotary_key(cfg, layer)]
 
   if cached:
-    def run_block(block, x_BLD, window, layer_cache):
-      rotary = global_rotary if window is None else local_rotary
+    def run_block(block, x_BLD, layer, layer_cache):
       if page_table_BN is not None:
         layer_cache = kv_cache_lib.PagedView(layer_cache, page_table_BN)
-      x_BLD, layer_cache, aux = block(x_BLD, rotary, window=window,
+      x_BLD, layer_cache, aux = block(x_BLD, rotary_of(layer),
+                                      window=layer.window,
                                       segment_ids_BL=segment_ids_BL,
                                       cache=layer_cache,
                                       positions_BL=positions_BL)
@@ -122,16 +127,33 @@ def block_runner(cfg: ModelConfig, positions_BL: jax.Array,
       return axes.constrain(x_BLD, RESIDUAL), layer_cache, aux
     return run_block
 
-  def call_block(block: Block, x_BLD: jax.Array, window: int | None):
-    rotary = global_rotary if window is None else local_rotary
-    x_BLD, _, aux = block(x_BLD, rotary, window=window,
+  def call_block(block: Block, x_BLD: jax.Array, layer):
+    x_BLD, _, aux = block(x_BLD, rotary_of(layer), window=layer.window,
                           segment_ids_BL=segment_ids_BL)
     return axes.constrain(x_BLD, RESIDUAL), aux
 
   remat_block = _with_remat(call_block, cfg)
 
-  def run_remat_block(block, x_BLD, window, layer_cache):
+  def run_remat_block(block, x_BLD, layer, layer_cache):
     del layer_cache  # None.
-    x_BLD, aux = remat_block(block, x_BLD, window)
+    x_BLD, aux = remat_block(block, x_BLD, layer)
     return x_BLD, None, aux
   return run_remat_block
+
+
+def _rotary_key(cfg: ModelConfig, layer: layer_pattern.Layer):
+  """What a layer's rotary depends on: local or global, and its head size.
+
+  Local layers share the global rotary when `cfg.rope_local_theta` is
+  None."""
+  local = layer.window is not None and cfg.rope_local_theta is not None
+  return local, layer.kind.config(cfg).head_dim
+
+
+def _rotary(cfg: ModelConfig, positions_BL: jax.Array, *, local: bool):
+  """The rotary of a local (`local`, with `cfg.rope_local_theta`) or
+  global layer of `cfg`."""
+  if local:
+    return rope.Rotary.at(positions_BL, rope.local_inverse_frequencies(cfg))
+  return rope.Rotary.at(positions_BL, rope.global_inverse_frequencies(cfg),
+                        rope.global_attention_factor(cfg))

@@ -76,11 +76,14 @@ The code is split by concern: a layer (`Block`) and how one runs
 Shape key: B batch, L length, D embed dim, V vocab.
 """
 
+import collections
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from maxtext.common import axes
+from maxtext.common import layer_pattern
 from maxtext.common.model_config import ModelConfig
 from maxtext.layers import embedding
 from maxtext.layers import kv_cache as kv_cache_lib
@@ -114,11 +117,11 @@ class Decoder(nnx.Module):
     self.embedder = embedding.Embedder(
         cfg.vocab_size, cfg.embed_dim, scale_by_sqrt_dim=cfg.scale_embeddings,
         dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
-    first = cfg.first_dense_layers
-    self.dense_blocks = (layer_stack.make_blocks(cfg, first, False, rngs)
-                         if first else None)
-    self.blocks = layer_stack.make_blocks(cfg, cfg.num_layers - first,
-                                          cfg.num_experts > 0, rngs)
+    self.pattern = layer_pattern.layers(cfg)
+    counts = collections.Counter(layer.kind for layer in self.pattern)
+    for kind, count in counts.items():  # One stack per kind.
+      setattr(self, kind.name,
+              layer_stack.make_blocks(cfg, kind, count, rngs))
     self.final_norm = block_lib.embed_norm(cfg)
     if cfg.tie_embeddings:
       self.head = None
@@ -128,30 +131,38 @@ class Decoder(nnx.Module):
           out_axes=(axes.VOCAB,), dtype=cfg.dtype,
           param_dtype=cfg.param_dtype, rngs=rngs)
     self.mtp = nnx.List([
-        mtp.MTP(cfg, block_lib.Block(cfg, experts=cfg.num_experts > 0,
-                                     rngs=rngs), rngs=rngs)
+        mtp.MTP(cfg, block_lib.Block(
+            cfg, layer_pattern.LayerKind("blocks", cfg.num_experts > 0),
+            rngs=rngs), rngs=rngs)
         for _ in range(cfg.mtp_layers)
     ]) if cfg.mtp_layers else None
 
+  def _stacks(self) -> dict[str, nnx.Module]:
+    """{kind name: its blocks}, in order of the kinds' first layers."""
+    return {kind.name: getattr(self, kind.name)
+            for kind in dict.fromkeys(layer.kind for layer in self.pattern)}
+
   def init_cache(self, batch: int, length: int):
-    """An empty KV cache for `batch` rows of up to `length` positions."""
+    """An empty KV cache for `batch` rows of up to `length` positions:
+    {kind name: its layers' caches}."""
     cfg = self.cfg
 
-    def empty(_):
-      if cfg.attention_type == "mla":  # The compressed latent.
-        return mla.empty_cache(cfg, batch, length)
-      return kv_cache_lib.KVCache.zeros(batch, length, cfg.num_kv_heads,
-                                        cfg.head_dim, jnp.dtype(cfg.dtype))
+    def empty(kind_cfg):
+      if kind_cfg.attention_type == "mla":  # The compressed latent.
+        return mla.empty_cache(kind_cfg, batch, length)
+      return kv_cache_lib.KVCache.zeros(
+          batch, length, kind_cfg.num_kv_heads, kind_cfg.head_dim,
+          jnp.dtype(kind_cfg.dtype))
 
-    def layers(count):
-      if cfg.scan_layers:
-        return jax.vmap(empty)(jnp.arange(count))
-      return tuple(empty(i) for i in range(count))
-
-    first = cfg.first_dense_layers
-    if first:  # (dense_blocks' cache, blocks' cache).
-      return layers(first), layers(cfg.num_layers - first)
-    return layers(cfg.num_layers)
+    counts = collections.Counter(layer.kind for layer in self.pattern)
+    caches = {}
+    for kind, count in counts.items():
+      layer = empty(kind.config(cfg))
+      caches[kind.name] = (
+          jax.tree.map(lambda a, n=count: jnp.broadcast_to(a, (n, *a.shape)),
+                       layer)
+          if cfg.scan_layers else (layer,) * count)
+    return caches
 
   def __call__(
       self,
@@ -186,27 +197,21 @@ class Decoder(nnx.Module):
       positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]),
                                       tokens_BL.shape)
     x_BLD = axes.constrain(self.embedder(tokens_BL), block_lib.RESIDUAL)
-    windows = cfg.layer_windows()
     if cfg.pipeline_stages > 1 and cache is None:
       x_BLD = layer_stack.pipeline_blocks(cfg, self.blocks, x_BLD,
                                           positions_BL, segment_ids_BL,
-                                          windows)
+                                          self.pattern)
     else:
-      run_block = block_lib.block_runner(cfg, positions_BL, segment_ids_BL,
+      run_block = block_lib.block_runner(cfg, self.pattern, positions_BL,
+                                         segment_ids_BL,
                                          cached=cache is not None,
                                          page_table_BN=page_table_BN)
-      first = cfg.first_dense_layers
-      if first:
-        dense_cache = None if cache is None else cache[0]
-        x_BLD, dense_cache, _ = self._run_blocks(
-            self.dense_blocks, x_BLD, windows[:first], dense_cache, run_block)
-        cache = None if cache is None else cache[1]
-      x_BLD, cache, aux = self._run_blocks(self.blocks, x_BLD,
-                                           windows[first:], cache, run_block)
-      if first and cache is not None:
-        cache = (dense_cache, cache)
-      if aux is not None and sow:
-        self._sow_moe(aux)
+      x_BLD, cache, auxes = layer_stack.run_layers(
+          cfg, self._stacks(), self.pattern, x_BLD, run_block, cache)
+      expert_auxes = [auxes[name] for name in self._expert_kinds()]
+      if expert_auxes and sow:
+        self._sow_moe(jax.tree.map(lambda *a: jnp.concatenate(a),
+                                   *expert_auxes))
     x_BLD = self.final_norm(x_BLD)
     logits_BLV = self._logits(x_BLD)
     if self.mtp is not None and sow:
@@ -269,6 +274,12 @@ class Decoder(nnx.Module):
              {name: jnp.mean(value) for name, value in aux.items()},
              reduce_fn=lambda _, new: new)
 
+  def _expert_kinds(self) -> list[str]:
+    """Names of the kinds with experts, in the order their MoE values are
+    sown (each kind's layers in its stack's order)."""
+    return [layer.kind.name for layer in dict.fromkeys(
+        layer for layer in self.pattern if layer.kind.experts)]
+
   def update_router_bias(self, expert_load_NE: jax.Array) -> None:
     """Moves the experts' router bias against `expert_load_NE` (in place).
 
@@ -280,27 +291,16 @@ class Decoder(nnx.Module):
     rate = self.cfg.router_bias_update_rate
     if not (self.cfg.router_bias and rate):
       return
-    if self.cfg.scan_layers:
-      bias = self.blocks.moe.router_bias
-      bias[...] = moe.update_router_bias(bias[...], expert_load_NE, rate)
-      return
-    for block, load_E in zip(self.blocks, expert_load_NE, strict=True):
-      bias = block.moe.router_bias
-      bias[...] = moe.update_router_bias(bias[...], load_E, rate)
-
-  def _run_blocks(self, blocks, x_BLD, windows, cache, run_block):
-    """`blocks` in order; returns (x_BLD, new cache or None, aux).
-
-    aux: None for dense blocks, else each MoE aux value stacked over layers.
-    """
-    if self.cfg.scan_layers:
-      return layer_stack.scan_blocks(*nnx.split(blocks), x_BLD, windows,
-                                     run_block, cache)
-    layer_caches = cache or (None,) * len(windows)
-    new_caches, auxes = [], []
-    for block, window, layer_cache in zip(blocks, windows, layer_caches):
-      x_BLD, layer_cache, aux = run_block(block, x_BLD, window, layer_cache)
-      new_caches.append(layer_cache)
-      auxes.append(aux)
-    return (x_BLD, None if cache is None else tuple(new_caches),
-            jax.tree.map(lambda *a: jnp.stack(a), *auxes))
+    start = 0
+    for name in self._expert_kinds():
+      blocks = getattr(self, name)
+      count = sum(layer.kind.name == name for layer in self.pattern)
+      loads_NE = expert_load_NE[start:start + count]
+      start += count
+      if self.cfg.scan_layers:
+        bias = blocks.moe.router_bias
+        bias[...] = moe.update_router_bias(bias[...], loads_NE, rate)
+        continue
+      for block, load_E in zip(blocks, loads_NE, strict=True):
+        bias = block.moe.router_bias
+        bias[...] = moe.update_router_bias(bias[...], load_E, rate)

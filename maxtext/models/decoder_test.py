@@ -18,7 +18,6 @@ from maxtext.layers import moe
 from maxtext.layers import rope
 from maxtext.models import decoder
 from maxtext.models import hf_weights
-from maxtext.models import layer_stack
 from maxtext.models import registry
 
 _L = 16
@@ -125,11 +124,6 @@ class DecoderTest(parameterized.TestCase):
     self.assertEqual(names["blocks/mlp/down/kernel"],
                      ("layers", "mlp", "embed"))
     self.assertEqual(model.blocks.mlp.down.kernel.shape, (5, 48, 32))
-
-  def test_pattern_period(self):
-    self.assertEqual(layer_stack.pattern_period((None,) * 4), 1)
-    self.assertEqual(layer_stack.pattern_period((3, 3, None) * 2 + (3,)), 3)
-    self.assertEqual(layer_stack.pattern_period((3, None, None)), 3)
 
   def test_window_limits_what_a_local_layer_sees(self):
     # One local layer with window 3: the logit at position 10 depends only

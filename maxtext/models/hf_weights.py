@@ -8,9 +8,9 @@ tensor by tensor); `to_hf_weights(model)` is the inverse, and
 layouts come from the family's `HF_PARAMS` (whole-model parameters) and
 `HF_BLOCK_PARAMS` (per layer, "{layer}" in the name); both the scanned
 layout (parameters stacked over layers) and the unscanned one (a list of
-blocks) are handled here. Hugging Face layers 0..first_dense_layers-1 are
-the decoder's `dense_blocks` (leading dense layers of mixture-of-experts
-models), the others its `blocks`. Multi-token prediction modules
+blocks) are handled here. Each layer kind's stack holds the Hugging Face
+layers of that kind, in order (`layer_pattern.kind_layers`: e.g.
+DeepSeek's dense first layers are its `dense_blocks`). Multi-token prediction modules
 (`model.mtp`, DeepSeek-V3) are Hugging Face layers num_layers + k for
 depth k + 1, named by the family's `HF_MTP_PARAMS`; their copies of the
 embedding and output head (`HF_MTP_COPIES`) are skipped on load and
@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from maxtext.common import layer_pattern
 from maxtext.models import hf_params
 from maxtext.models import registry
 
@@ -51,14 +52,10 @@ def _variable(node, path: tuple[str, ...]) -> nnx.Variable | None:
   return node
 
 
-def _block_stacks(model: nnx.Module) -> list[tuple[object, range]]:
-  """(block stack, its Hugging Face layers): `dense_blocks` (if any) first."""
-  cfg = model.cfg
-  first = cfg.first_dense_layers
-  stacks = [(model.blocks, range(first, cfg.num_layers))]
-  if getattr(model, "dense_blocks", None) is not None:
-    stacks.insert(0, (model.dense_blocks, range(first)))
-  return stacks
+def _block_stacks(model: nnx.Module) -> list[tuple[object, tuple[int, ...]]]:
+  """(block stack, its Hugging Face layers) of each layer kind."""
+  return [(getattr(model, name), layers)
+          for name, layers in layer_pattern.kind_layers(model.cfg).items()]
 
 
 def _entries(model: nnx.Module) -> Iterator[
@@ -66,7 +63,7 @@ def _entries(model: nnx.Module) -> Iterator[
   """(entry, variable, layers) for each parameter of `model` with a HF name.
 
   `layers` is None for whole-model parameters, the Hugging Face layer of a
-  per-layer parameter, or the range of layers of a stacked (scanned) one,
+  per-layer parameter, or the layers of a stacked (scanned) one,
   whose leading axis is the layer.
   """
   family = registry.family_module(model.cfg.family)

@@ -1,126 +1,164 @@
-"""A stack of blocks of one kind: built stacked over layers or as a list,
-run as a scan over the repeating pattern of sliding windows, or as pipeline
-stages (`pipeline_blocks`); see `maxtext.models.decoder` for the layouts.
+"""The decoder's layers: a stack of blocks per layer kind, built stacked
+over layers or as a list, run in layer order as scans over the runs of a
+repeating pattern (`maxtext.common.layer_pattern`), or as pipeline stages
+(`pipeline_blocks`); see `maxtext.models.decoder` for the layouts.
 
 Shape key: B batch, L length, D embed dim.
 """
+
+import collections
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from maxtext.common import axes
+from maxtext.common import layer_pattern
 from maxtext.common.model_config import ModelConfig
 from maxtext.layers import pipeline
 from maxtext.models import block as block_lib
 
 
-def pattern_period(windows: tuple[int | None, ...]) -> int:
-  """Smallest p with windows[i] == windows[i % p] for every layer i."""
-  for period in range(1, len(windows) + 1):
-    if all(w == windows[i % period] for i, w in enumerate(windows)):
-      return period
-  raise AssertionError("unreachable: the full length is always a period")
-
-
-def make_blocks(cfg: ModelConfig, count: int, experts: bool,
-                 rngs: nnx.Rngs):
-  """`count` blocks: stacked over layers (scan_layers) or an `nnx.List`."""
+def make_blocks(cfg: ModelConfig, kind: layer_pattern.LayerKind, count: int,
+                rngs: nnx.Rngs):
+  """`count` blocks of `kind`: stacked over layers (scan_layers) or an
+  `nnx.List`."""
   if not cfg.scan_layers:
-    return nnx.List([block_lib.Block(cfg, experts=experts, rngs=rngs)
+    return nnx.List([block_lib.Block(cfg, kind, rngs=rngs)
                      for _ in range(count)])
 
   @nnx.split_rngs(splits=count)
   @nnx.vmap(axis_size=count,
             transform_metadata={nnx.PARTITION_NAME: axes.LAYERS})
   def stacked_blocks(rngs: nnx.Rngs) -> block_lib.Block:
-    return block_lib.Block(cfg, experts=experts, rngs=rngs)
+    return block_lib.Block(cfg, kind, rngs=rngs)
 
   return stacked_blocks(rngs)
 
 
-def scan_blocks(graphdef, stacked, x_BLD, windows, run_block, cache):
-  """Runs stacked blocks: a scan over pattern groups, then the rest.
+def run_layers(cfg: ModelConfig, stacks, pattern, x_BLD, run_block, caches):
+  """Runs the layers of `pattern` in order, each on its kind's stack.
 
-  `stacked` is the blocks' state with a leading layer axis, `windows` their
-  windows; `cache` (stacked over layers, or None) is scanned alongside the
-  parameters. Returns (x_BLD, new cache or None, aux stacked over layers
-  or None).
+  `stacks` maps each kind's name to its blocks (`make_blocks`); `caches`
+  (None, or the same keys: each kind's cache, stacked over its layers with
+  scan_layers, else a tuple) goes alongside. Stacked blocks run as a scan
+  over each run of `layer_pattern.segments`. Returns (x_BLD, the new caches
+  or None, {kind name: each MoE aux value stacked over the kind's layers,
+  or None}).
   """
-  period = pattern_period(windows)
-  num_groups = len(windows) // period
+  if cfg.scan_layers:
+    split = {name: nnx.split(stack) for name, stack in stacks.items()}
+    return scan_layers({name: g for name, (g, _) in split.items()},
+                       {name: s for name, (_, s) in split.items()},
+                       pattern, x_BLD, run_block, caches)
+  outputs = {name: [] for name in stacks}
+  for layer, slot in zip(pattern, layer_pattern.slots(pattern)):
+    name = layer.kind.name
+    x_BLD, layer_cache, aux = run_block(
+        stacks[name][slot], x_BLD, layer,
+        None if caches is None else caches[name][slot])
+    outputs[name].append((layer_cache, aux))
+  new_caches = {name: tuple(c for c, _ in out) for name, out in outputs.items()}
+  auxes = {name: _stack([aux for _, aux in out])
+           for name, out in outputs.items()}
+  return x_BLD, None if caches is None else new_caches, auxes
 
-  def at(tree, index):
-    return jax.tree.map(lambda a: a[index], tree)
 
-  def layer(state, index):
-    return nnx.merge(graphdef, at(state, index))
+def _stack(trees):
+  return jax.tree.map(lambda *a: jnp.stack(a), *trees)
 
-  def stack(caches):
-    return jax.tree.map(lambda *a: jnp.stack(a), *caches)
 
-  def group_step(x_BLD, group):
-    caches, auxes = [], []
-    for offset, (layer_state, layer_cache) in enumerate(group):
-      x_BLD, layer_cache, aux = run_block(nnx.merge(graphdef, layer_state),
-                                          x_BLD, windows[offset],
-                                          layer_cache)
-      caches.append(layer_cache)
-      auxes.append(aux)
-    return x_BLD, (stack(caches), stack(auxes))
+def scan_layers(graphdefs, states, pattern, x_BLD, run_block, caches):
+  """`run_layers` on stacked blocks: `graphdefs` and `states` map each kind
+  to its blocks' graph and state (leading layer axis)."""
+  slots = layer_pattern.slots(pattern)
+  pieces = {name: [] for name in states}  # (cache, aux) [layers, ...] runs.
+  for segment in layer_pattern.segments(pattern):
+    layers = pattern[segment.start:segment.start + segment.period]
+    per_group = collections.Counter(layer.kind.name for layer in layers)
 
-  def strided(tree, offset):
-    return jax.tree.map(lambda a: a[offset:num_groups * period:period], tree)
+    def strided(tree, offset, segment=segment, per_group=per_group):
+      # The layers at `offset` of every group: one of each run of its kind's
+      # per_group layers, so a strided slice of the kind's stack.
+      step = per_group[pattern[segment.start + offset].kind.name]
+      first = slots[segment.start + offset]
+      return jax.tree.map(lambda a: a[first:first + step * segment.groups:
+                                      step], tree)
 
-  # The scan hands each layer its parameters unsliced ([num_groups, ...] per
-  # offset in the group): autodiff then keeps them as residuals by reference
-  # instead of stacking a copy of every weight in the forward pass.
-  x_BLD, scanned = jax.lax.scan(
-      group_step, x_BLD,
-      tuple(strided((stacked, cache), offset) for offset in range(period)))
-  outputs = [jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), scanned)]
-  for index in range(num_groups * period, len(windows)):
-    x_BLD, layer_cache, aux = run_block(layer(stacked, index), x_BLD,
-                                        windows[index], at(cache, index))
-    outputs.append(jax.tree.map(lambda a: a[None], (layer_cache, aux)))
-  cache, aux = jax.tree.map(lambda *a: jnp.concatenate(a), *outputs)
-  return x_BLD, cache, aux
+    def group_step(x_BLD, group, layers=layers):
+      outputs = []
+      for layer, (layer_state, layer_cache) in zip(layers, group):
+        x_BLD, layer_cache, aux = run_block(
+            nnx.merge(graphdefs[layer.kind.name], layer_state), x_BLD, layer,
+            layer_cache)
+        outputs.append((layer_cache, aux))
+      return x_BLD, tuple(outputs)
+
+    # The scan hands each layer its parameters unsliced ([groups, ...] per
+    # offset in the group): autodiff then keeps them as residuals by
+    # reference instead of stacking a copy of every weight in the forward
+    # pass.
+    group_inputs = tuple(
+        strided((states[layer.kind.name],
+                 None if caches is None else caches[layer.kind.name]), offset)
+        for offset, layer in enumerate(layers))
+    if segment.groups == 1:  # Unrolled.
+      x_BLD, outputs = group_step(x_BLD, jax.tree.map(lambda a: a[0],
+                                                      group_inputs))
+      outputs = jax.tree.map(lambda a: a[None], outputs)
+    else:
+      x_BLD, outputs = jax.lax.scan(group_step, x_BLD, group_inputs)
+    for name in per_group:
+      # The kind's offsets, [groups, ...] each, interleave into its layers
+      # of the run in order.
+      mine = [out for out, layer in zip(outputs, layers)
+              if layer.kind.name == name]
+      pieces[name].append(jax.tree.map(
+          lambda *a: jnp.stack(a, axis=1).reshape(-1, *a[0].shape[1:]),
+          *mine))
+  joined = {name: jax.tree.map(lambda *a: jnp.concatenate(a), *runs)
+            for name, runs in pieces.items()}
+  new_caches = {name: cache for name, (cache, _) in joined.items()}
+  auxes = {name: aux for name, (_, aux) in joined.items()}
+  return x_BLD, None if caches is None else new_caches, auxes
 
 
 def pipeline_blocks(cfg: ModelConfig, blocks, x_BLD, positions_BL,
-                    segment_ids_BL, windows):
-  """Stacked `blocks` as a pipeline of `cfg.pipeline_stages` stages, each
-  passed `cfg.pipeline_repeats` times (`pipeline.circular`); see the
-  module docstring of `maxtext.models.decoder`."""
+                    segment_ids_BL, pattern):
+  """Stacked `blocks` (the one layer kind of `pattern`) as a pipeline of
+  `cfg.pipeline_stages` stages, each passed `cfg.pipeline_repeats` times
+  (`pipeline.circular`); see the module docstring of
+  `maxtext.models.decoder`."""
   stages, repeats = cfg.pipeline_stages, cfg.pipeline_repeats
   chunk = cfg.num_layers // (stages * repeats)
   graphdef, stacked = nnx.split(blocks)
   stage_state = _chunks_by_stage(stacked, stages, repeats)
-  chunk_windows = windows[:chunk]
-  distinct = tuple(dict.fromkeys(windows))
-  if windows == chunk_windows * (stages * repeats):
-    kinds_SRC = None  # Every chunk has the same pattern: static windows.
+  name = pattern[0].kind.name
+  chunk_pattern = pattern[:chunk]
+  distinct = tuple(dict.fromkeys(pattern))
+  if pattern == chunk_pattern * (stages * repeats):
+    layer_ids_SRC = None  # Every chunk has the same pattern: static layers.
   else:
-    # Each layer's window as data: an index into the distinct windows.
-    kinds_SRC = jnp.asarray(
-        [distinct.index(w) for w in windows], jnp.int32
+    # Each layer (its window) as data: an index into the distinct layers.
+    layer_ids_SRC = jnp.asarray(
+        [distinct.index(layer) for layer in pattern], jnp.int32
     ).reshape(repeats, stages, chunk).swapaxes(0, 1)
 
   def stage_fn(params, microbatch):
-    state, kinds_C = params
+    state, layer_ids_C = params
     x_BLD, positions_BL, segment_ids_BL = microbatch
-    run_block = block_lib.block_runner(cfg, positions_BL, segment_ids_BL,
-                                       cached=False)
-    if kinds_C is None:
-      x_BLD, _, _ = scan_blocks(graphdef, state, x_BLD, chunk_windows,
-                                 run_block, None)
+    run_block = block_lib.block_runner(cfg, distinct, positions_BL,
+                                       segment_ids_BL, cached=False)
+    if layer_ids_C is None:
+      x_BLD, _, _ = scan_layers({name: graphdef}, {name: state}, chunk_pattern,
+                                x_BLD, run_block, None)
     else:
       def layer_step(x_BLD, layer):
-        layer_state, kind = layer
-        return _switch_window(run_block, nnx.merge(graphdef, layer_state),
-                              x_BLD, distinct, kind), None
+        layer_state, layer_id = layer
+        return _switch_layer(run_block, nnx.merge(graphdef, layer_state),
+                             x_BLD, distinct, layer_id), None
 
-      x_BLD, _ = jax.lax.scan(layer_step, x_BLD, (state, kinds_C))
+      x_BLD, _ = jax.lax.scan(layer_step, x_BLD, (state, layer_ids_C))
     return x_BLD, positions_BL, segment_ids_BL
 
   microbatches = cfg.pipeline_microbatches or stages
@@ -128,7 +166,7 @@ def pipeline_blocks(cfg: ModelConfig, blocks, x_BLD, positions_BL,
       (x_BLD, positions_BL, segment_ids_BL), microbatches)
   row_names = (axes.BATCH, axes.LENGTH)
   x_BLD, _, _ = pipeline.merge_microbatches(pipeline.circular(
-      stage_fn, (stage_state, kinds_SRC), inputs,
+      stage_fn, (stage_state, layer_ids_SRC), inputs,
       names=(block_lib.RESIDUAL, row_names,
              None if segment_ids_BL is None else row_names)))
   return axes.constrain(x_BLD, block_lib.RESIDUAL)
@@ -165,14 +203,14 @@ def _chunks_by_stage(stacked, stages: int, repeats: int):
       is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
 
 
-def _switch_window(run_block, block, x_BLD, windows, kind):
-  """`block` on `x_BLD` with window `windows[kind]`, `kind` traced.
+def _switch_layer(run_block, block, x_BLD, layers, layer_id):
+  """`block` on `x_BLD` as layer `layers[layer_id]`, `layer_id` traced.
 
-  Each window is a static branch (its kernel and rotary); under the
-  pipeline's vmap over stages `kind` differs per stage, so every branch is
-  computed and the stage's own selected.
+  Each layer (window) is a static branch (its kernel and rotary); under the
+  pipeline's vmap over stages `layer_id` differs per stage, so every branch
+  is computed and the stage's own selected.
   """
-  branches = [lambda x_BLD, window=window: run_block(block, x_BLD, window,
-                                                     None)[0]
-              for window in windows]
-  return jax.lax.switch(kind, branches, x_BLD)
+  branches = [lambda x_BLD, layer=layer: run_block(block, x_BLD, layer,
+                                                   None)[0]
+              for layer in layers]
+  return jax.lax.switch(layer_id, branches, x_BLD)

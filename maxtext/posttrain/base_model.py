@@ -34,14 +34,17 @@ from maxtext.posttrain import adapter
 from maxtext.posttrain import lora as lora_lib
 from maxtext.sharding import rules as rules_lib
 
-# Groups of blocks in a decoder's parameters (stacked in the scanned layout).
-_BLOCK_GROUPS = ("dense_blocks", "blocks")
+def _block_groups(params: dict[str, Any]) -> list[str]:
+  """The layer kinds' stacks in a decoder's parameters (`layer_pattern`:
+  every kind's stack is named "...blocks")."""
+  return [name for name in params
+          if isinstance(name, str) and name.endswith("blocks")]
 
 
 def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
   """Scanned-layout parameters (blocks stacked) -> unscanned ones."""
   params = dict(params)
-  for group in _BLOCK_GROUPS:
+  for group in _block_groups(params):
     if params.get(group):
       stacked = params[group]
       count = jax.tree.leaves(stacked)[0].shape[0]
@@ -53,7 +56,7 @@ def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
 def stack_layers(params: dict[str, Any]) -> dict[str, Any]:
   """Unscanned-layout parameters -> scanned ones (inverse of unstack)."""
   params = dict(params)
-  for group in _BLOCK_GROUPS:
+  for group in _block_groups(params):
     if params.get(group):
       layers = [params[group][layer] for layer in sorted(params[group])]
       params[group] = jax.tree.map(lambda *a: jnp.stack(a), *layers)

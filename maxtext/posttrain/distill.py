@@ -40,6 +40,7 @@ from tunix.distillation import feature_extraction
 from tunix.distillation import strategies
 from tunix.sft import metrics_logger
 
+from maxtext.common import layer_pattern
 from maxtext.data import pipeline
 from maxtext.posttrain import base_model
 from maxtext.posttrain import runtime as runtime_lib
@@ -100,12 +101,10 @@ def feature_loss(student_BLD: jax.Array, teacher_BLD: jax.Array,
 
 
 def _block_slot(decoder: nnx.Module, layer: int) -> tuple[str, int]:
-  """(attribute, index) of block `layer` (the first dense layers of an MoE
-  model are in `dense_blocks`)."""
-  first = getattr(decoder.cfg, "first_dense_layers", 0)
-  if layer < first:
-    return "dense_blocks", layer
-  return "blocks", layer - first
+  """(attribute, index) of block `layer`: its kind's stack and its place
+  there (`layer_pattern`)."""
+  pattern = decoder.pattern
+  return pattern[layer].kind.name, layer_pattern.slots(pattern)[layer]
 
 
 def _capture(model: nnx.Module, layers: list[int]) -> None:

@@ -38,6 +38,7 @@ import qwix
 from safetensors import numpy as safetensors_numpy
 
 from maxtext.checkpoint import params_checkpoint
+from maxtext.common import layer_pattern
 from maxtext.common.model_config import ModelConfig
 from maxtext.models import registry
 
@@ -204,9 +205,9 @@ def _hf_names(cfg: ModelConfig) -> dict[tuple[Any, ...], str]:
   family = registry.family_module(cfg.family)
   names = {entry.path: entry.hf_name for entry in family.HF_PARAMS}
   for entry in family.HF_BLOCK_PARAMS:
-    for layer in range(cfg.num_layers):
-      names[("blocks", layer, *entry.path)] = entry.hf_name.format(
-          layer=layer)
+    for name, layers in layer_pattern.kind_layers(cfg).items():
+      for slot, layer in enumerate(layers):
+        names[(name, slot, *entry.path)] = entry.hf_name.format(layer=layer)
   return names
 
 

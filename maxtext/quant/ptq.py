@@ -46,7 +46,7 @@ class PtqConfig:
   """
 
   qtype: str = "int8"
-  module_path: str = r"(blocks|dense_blocks)/\d+/(attention|mlp)/.*|head"
+  module_path: str = r"\w*blocks/\d+/(attention|mlp)/.*|head"
 
   def __post_init__(self):
     if self.qtype not in QTYPES:

@@ -1,0 +1,145 @@
+"""A decoder's layers as a pattern of layer kinds.
+
+A layer kind is what a layer's parameters are: its block (attention with its
+sizes, then a dense MLP or routed experts). Each kind has its own parameter
+stack, the `Decoder` attribute named after the kind. A layer is its kind and
+its attention window, which changes what the layer computes but not its
+parameters: Gemma 2/3's local and global layers are one kind with two
+windows, DeepSeek's dense first layers another kind than its expert layers.
+
+Kinds, by what a `ModelConfig` sets:
+  "blocks": attention and the model's feed-forward: routed experts with
+    num_experts > 0, else the MLP. The layers of every family.
+  "dense_blocks": attention and a dense MLP in a model with experts: the
+    first `first_dense_layers` (DeepSeek) and the layers between expert
+    layers (`moe_layer_interval` > 1: Llama 4).
+  "global_blocks", "global_dense_blocks": either of the above for a global
+    (full attention) layer whose attention has sizes of its own
+    (`global_head_dim`, `global_num_kv_heads`: Gemma 4).
+The names keep the parameter paths of checkpoints written before kinds.
+
+Running: `segments(layers)` cuts the layers into runs, each a pattern of
+`period` layers repeated `groups` times. The decoder scans a run over its
+groups, tracing one group, so compile time grows with the sum of the
+periods, which `segments` makes as small as it can be; a run of one group
+is unrolled.
+"""
+
+import dataclasses
+import functools
+
+from maxtext.common.model_config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerKind:
+  """What a layer's parameters are; `name` is its stack on the decoder.
+
+  Attributes:
+    name: The decoder attribute holding this kind's parameter stack.
+    experts: Routed experts in place of the dense MLP.
+    global_sizes: Attention of `global_head_dim` and `global_num_kv_heads`.
+  """
+  name: str
+  experts: bool
+  global_sizes: bool = False
+
+  def config(self, cfg: ModelConfig) -> ModelConfig:
+    """`cfg` as this kind's blocks read it: its attention sizes in place of
+    the model's."""
+    if not self.global_sizes:
+      return cfg
+    return dataclasses.replace(
+        cfg, head_dim=cfg.global_head_dim or cfg.head_dim,
+        num_kv_heads=cfg.global_num_kv_heads or cfg.num_kv_heads,
+        global_head_dim=0, global_num_kv_heads=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+  """One decoder layer: its kind and its sliding window (None: global)."""
+  kind: LayerKind
+  window: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+  """Layers start .. start + period * groups - 1: `groups` repetitions of
+  the `period` layers from `start`."""
+  start: int
+  period: int
+  groups: int
+
+
+def layers(cfg: ModelConfig) -> tuple[Layer, ...]:
+  """Every layer of `cfg`, in order."""
+  global_sizes = bool(cfg.global_head_dim or cfg.global_num_kv_heads)
+  result = []
+  for index, window in enumerate(cfg.layer_windows()):
+    experts = cfg.moe_layer(index)
+    sized = global_sizes and window is None
+    name = ("global_" if sized else "") + (
+        "dense_" if cfg.num_experts and not experts else "") + "blocks"
+    result.append(Layer(LayerKind(name, experts, sized), window))
+  return tuple(result)
+
+
+def kinds(cfg: ModelConfig) -> tuple[LayerKind, ...]:
+  """The distinct layer kinds of `cfg`, in order of their first layer."""
+  return tuple(dict.fromkeys(layer.kind for layer in layers(cfg)))
+
+
+def kind_layers(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+  """{kind name: the model layers of that kind, in order}: entry j of a
+  kind's stack is layer `kind_layers(cfg)[name][j]`."""
+  result = {}
+  for index, layer in enumerate(layers(cfg)):
+    result.setdefault(layer.kind.name, []).append(index)
+  return {name: tuple(indices) for name, indices in result.items()}
+
+
+def slots(pattern: tuple[Layer, ...]) -> tuple[int, ...]:
+  """Each layer's index in its kind's stack."""
+  seen: dict[LayerKind, int] = {}
+  result = []
+  for layer in pattern:
+    result.append(seen.get(layer.kind, 0))
+    seen[layer.kind] = result[-1] + 1
+  return tuple(result)
+
+
+def segments(pattern: tuple[Layer, ...]) -> tuple[Segment, ...]:
+  """The runs of `pattern` that trace the fewest layers (then the fewest
+  runs, then the longest first): e.g. 26 Gemma 3 layers (5 local, 1 global) -> 4 groups of 6, then 2
+  groups of 1; 3 dense then 58 expert layers -> 3 groups of 1, 58 of 1."""
+  ids = {}
+  return _segments(tuple(ids.setdefault(layer, len(ids)) for layer in pattern))
+
+
+@functools.lru_cache(maxsize=64)
+def _segments(ids: tuple[int, ...]) -> tuple[Segment, ...]:
+  count = len(ids)
+  # best[i]: (layers traced, runs, -layers in the first run, first run) for
+  # layers i..count-1: the fewest traced, then the fewest runs, then the
+  # longest first run.
+  best = [(0, 0, 0, None)] * (count + 1)
+  for start in range(count - 1, -1, -1):
+    options = []
+    for period in range(1, count - start + 1):
+      end = start + period  # Past the layers of `groups` whole groups.
+      while True:
+        traced, runs, _, _ = best[end]
+        groups = (end - start) // period
+        options.append((traced + period, runs + 1, start - end,
+                        Segment(start, period, groups)))
+        if end + period > count or (
+            ids[end:end + period] != ids[start:start + period]):
+          break
+        end += period
+    best[start] = min(options, key=lambda option: option[:3])
+  result, start = [], 0
+  while start < count:
+    segment = best[start][3]
+    result.append(segment)
+    start += segment.period * segment.groups
+  return tuple(result)

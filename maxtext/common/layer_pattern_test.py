@@ -1,0 +1,140 @@
+"""Tests of the layer pattern: kinds, stack slots and the scan segments."""
+
+import dataclasses
+import itertools
+import random
+
+from absl.testing import absltest
+
+from maxtext.common import layer_pattern
+from maxtext.common.model_config import ModelConfig
+
+_BASE = ModelConfig(family="qwen3_moe", vocab_size=64, num_layers=10,
+                    embed_dim=32, mlp_dim=48, num_heads=4, num_kv_heads=2,
+                    head_dim=8)
+
+
+def _cfg(**changes) -> ModelConfig:
+  return dataclasses.replace(_BASE, **changes)
+
+
+def _mixed(**changes) -> ModelConfig:
+  """Dense first layer, experts every 2nd layer, every 4th layer global
+  with its own head size: kinds dense, experts, global experts."""
+  return _cfg(num_experts=4, num_experts_per_token=2, moe_mlp_dim=16,
+              first_dense_layers=1, moe_layer_interval=2, sliding_window=3,
+              global_layer_interval=4, global_head_dim=16,
+              global_num_kv_heads=1, **changes)
+
+
+def _names(cfg):
+  return [layer.kind.name for layer in layer_pattern.layers(cfg)]
+
+
+def _brute_force_cost(ids):
+  """Fewest traced layers over every way to cut `ids` into periodic runs."""
+  best = None
+  count = len(ids)
+  for cuts in itertools.product((False, True), repeat=count - 1):
+    bounds = [0] + [i + 1 for i, cut in enumerate(cuts) if cut] + [count]
+    cost = 0
+    for start, end in zip(bounds, bounds[1:]):
+      run = ids[start:end]
+      cost += min(p for p in range(1, len(run) + 1)
+                  if len(run) % p == 0 and run == run[:p] * (len(run) // p))
+    best = cost if best is None else min(best, cost)
+  return best
+
+
+class LayerPatternTest(absltest.TestCase):
+
+  def test_kinds_of_each_family_shape(self):
+    self.assertEqual(set(_names(_cfg())), {"blocks"})
+    deepseek = _cfg(num_experts=4, moe_mlp_dim=16, first_dense_layers=3)
+    self.assertEqual(_names(deepseek), ["dense_blocks"] * 3 + ["blocks"] * 7)
+    self.assertEqual(
+        _names(_mixed()),
+        ["dense_blocks", "blocks", "dense_blocks", "global_blocks"] * 2
+        + ["dense_blocks", "blocks"])
+    gemma4 = _cfg(sliding_window=3, global_layer_interval=5,
+                  global_head_dim=16)
+    self.assertEqual(_names(gemma4),
+                     (["blocks"] * 4 + ["global_blocks"]) * 2)
+    # Local and global layers of the same sizes are one kind, two windows.
+    gemma3 = layer_pattern.layers(_cfg(sliding_window=3,
+                                       global_layer_interval=5))
+    self.assertLen({layer.kind for layer in gemma3}, 1)
+    self.assertEqual([layer.window for layer in gemma3],
+                     ([3] * 4 + [None]) * 2)
+
+  def test_a_kind_reads_its_own_sizes(self):
+    cfg = _mixed()
+    kinds = {kind.name: kind for kind in layer_pattern.kinds(cfg)}
+    self.assertEqual(list(kinds), ["dense_blocks", "blocks", "global_blocks"])
+    sized = kinds["global_blocks"].config(cfg)
+    self.assertEqual((sized.head_dim, sized.num_kv_heads), (16, 1))
+    self.assertIs(kinds["blocks"].config(cfg), cfg)
+    self.assertTrue(kinds["global_blocks"].experts)
+    self.assertFalse(kinds["dense_blocks"].experts)
+
+  def test_kind_layers_and_slots_agree(self):
+    cfg = _mixed()
+    pattern = layer_pattern.layers(cfg)
+    slots = layer_pattern.slots(pattern)
+    for name, indices in layer_pattern.kind_layers(cfg).items():
+      self.assertEqual([slots[i] for i in indices], list(range(len(indices))))
+      self.assertTrue(all(pattern[i].kind.name == name for i in indices))
+    self.assertEqual(layer_pattern.kind_layers(cfg)["global_blocks"], (3, 7))
+
+  def test_segments_of_known_patterns(self):
+    seg = layer_pattern.Segment
+    gemma3 = layer_pattern.layers(_cfg(num_layers=26, sliding_window=3,
+                                       global_layer_interval=6))
+    self.assertEqual(layer_pattern.segments(gemma3),
+                     (seg(0, 6, 4), seg(24, 1, 2)))
+    deepseek = layer_pattern.layers(_cfg(num_layers=61, num_experts=4,
+                                         moe_mlp_dim=16,
+                                         first_dense_layers=3))
+    self.assertEqual(layer_pattern.segments(deepseek),
+                     (seg(0, 1, 3), seg(3, 1, 58)))
+    self.assertEqual(layer_pattern.segments(layer_pattern.layers(_mixed())),
+                     (seg(0, 4, 2), seg(8, 2, 1)))
+
+  def test_segments_cover_the_layers_and_trace_the_fewest(self):
+    rng = random.Random(0)
+    for _ in range(150):
+      ids = tuple(rng.choice("abc"[:rng.randint(1, 3)])
+                  for _ in range(rng.randint(1, 9)))
+      segments = layer_pattern.segments(ids)
+      start = 0
+      for segment in segments:
+        self.assertEqual(segment.start, start)
+        run = ids[start:start + segment.period * segment.groups]
+        self.assertEqual(run, run[:segment.period] * segment.groups)
+        start += segment.period * segment.groups
+      self.assertEqual(start, len(ids), msg=ids)
+      self.assertEqual(sum(s.period for s in segments),
+                       _brute_force_cost(ids), msg=ids)
+
+  def test_bad_kind_settings_name_the_field(self):
+    with self.assertRaisesRegex(ValueError, "num_experts=0.*when "
+                                "moe_layer_interval"):
+      _cfg(moe_layer_interval=2)
+    with self.assertRaisesRegex(ValueError, "moe_layer_interval=0"):
+      _cfg(num_experts=4, moe_mlp_dim=16, moe_layer_interval=0)
+    with self.assertRaisesRegex(ValueError, "moe_layer_interval=20.*no "
+                                "expert layer"):
+      _cfg(num_experts=4, moe_mlp_dim=16, moe_layer_interval=20)
+    with self.assertRaisesRegex(ValueError, "global_head_dim=16.*every "
+                                "layer is global"):
+      _cfg(global_head_dim=16)
+    with self.assertRaisesRegex(ValueError, "global_head_dim=7.*even"):
+      _cfg(sliding_window=3, global_layer_interval=2, global_head_dim=7)
+    with self.assertRaisesRegex(ValueError, "global_num_kv_heads=3.*divide"):
+      _cfg(sliding_window=3, global_layer_interval=2, global_num_kv_heads=3)
+    with self.assertRaisesRegex(ValueError, "global_head_dim=-1"):
+      _cfg(global_head_dim=-1)
+
+
+if __name__ == "__main__":
+  absltest.main()
