@@ -65,6 +65,8 @@ def model_defaults() -> ml_collections.ConfigDict:
       rope_yarn_mscale_all_dim=0.0,
       sliding_window=0,
       global_layer_interval=1,
+      global_head_dim=0,  # A global layer's own head size (0: head_dim).
+      global_num_kv_heads=0,  # Its own kv heads (0: num_kv_heads).
       # None: queries are scaled by head_dim**-0.5.
       query_pre_attn_scalar=ml_collections.FieldReference(None, float),
       attn_logit_softcap=0.0,
@@ -92,6 +94,7 @@ def model_defaults() -> ml_collections.ConfigDict:
       moe_mlp_dim=0,  # Hidden width of one (routed or shared) expert.
       num_shared_experts=0,
       first_dense_layers=0,  # Leading layers with a dense MLP of mlp_dim.
+      moe_layer_interval=1,  # Then experts in every this-many-th layer.
       router_score="softmax",  # Or "sigmoid" (DeepSeek-V3).
       router_normalize=True,  # Chosen weights divided by their sum.
       router_bias=False,  # DeepSeek's selection bias (no gradient).

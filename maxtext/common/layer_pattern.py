@@ -110,8 +110,9 @@ def slots(pattern: tuple[Layer, ...]) -> tuple[int, ...]:
 
 def segments(pattern: tuple[Layer, ...]) -> tuple[Segment, ...]:
   """The runs of `pattern` that trace the fewest layers (then the fewest
-  runs, then the longest first): e.g. 26 Gemma 3 layers (5 local, 1 global) -> 4 groups of 6, then 2
-  groups of 1; 3 dense then 58 expert layers -> 3 groups of 1, 58 of 1."""
+  runs, then the longest first): e.g. 26 Gemma 3 layers (5 local, 1
+  global) -> 4 groups of 6, then 2 groups of 1; 3 dense then 58 expert
+  layers -> 3 groups of 1, then 58 of 1."""
   ids = {}
   return _segments(tuple(ids.setdefault(layer, len(ids)) for layer in pattern))
 

@@ -2,28 +2,38 @@
 
 Every dense family is this model with a different `ModelConfig`.
 
-Layouts of the blocks' parameters:
-  scan_layers=True: one `Block` whose parameters are stacked over layers
-    (leading axis, logical name "layers"), built with `nnx.vmap`. The forward
-    pass groups the layers by the repeating pattern of sliding windows (e.g.
-    Gemma 3's 5 local + 1 global) and scans over the groups, unrolling one
-    group; so compile time grows with the pattern length, not with depth.
-    Layers that do not fill a whole group at the end are unrolled.
-  scan_layers=False: an `nnx.List` of `Block`s, one per layer.
+Layer kinds (`maxtext.common.layer_pattern`): the layers are a pattern of
+kinds (a dense MLP, routed experts, global attention with its own head
+size), each kind with its own parameter stack, the attribute named after it
+(`blocks`, `dense_blocks`, `global_blocks`, ...); a layer's place in its
+kind's stack is `layer_pattern.slots`. A layer's attention window is not a
+kind: Gemma 3's local and global layers share one stack.
 
-Pipeline parallelism (`cfg.pipeline_stages` = S > 1, training only): the
-stacked layers are cut into S * R chunks (R = `cfg.pipeline_repeats`) viewed
-as [S, R, layers per chunk], chunk r S + s at [s, r], and run as a GPipe
-(R = 1) or circular (R > 1) schedule over `cfg.pipeline_microbatches`
-slices of the batch (`maxtext.layers.pipeline`); each row's positions and
-segment ids travel with it through the stages. The leading "layers" axis is
-sharded over the `stage` mesh axis in contiguous blocks, so for R = 1 the
-view is free; for R > 1 it moves each stage's chunks to it once per call
-(an all-to-all over `stage`, outside the schedule's loop). When every chunk
-has the same local/global pattern, a chunk runs as above; otherwise each
-layer's window is data indexed by stage and pass, and the layer switches
-between the distinct windows (under the vmap over stages every branch is
-computed, so such layers cost about one block per distinct window: prefer
+Layouts of each kind's parameters:
+  scan_layers=True: one `Block` whose parameters are stacked over the
+    kind's layers (leading axis, logical name "layers"), built with
+    `nnx.vmap`. The forward pass runs the layers in order as the runs of
+    `layer_pattern.segments`, each a pattern of layers (kinds and windows,
+    e.g. Gemma 3's 5 local + 1 global) repeated over groups, scanned over
+    its groups with one group traced (a run of one group is unrolled); so
+    compile time grows with the pattern length, not with depth. Each layer
+    of a group gets its kind's stack sliced with a stride, unsliced by the
+    scan.
+  scan_layers=False: an `nnx.List` of `Block`s per kind, one per layer.
+
+Pipeline parallelism (`cfg.pipeline_stages` = S > 1, training only, a model of
+one layer kind): the stacked layers are cut into S * R chunks (R =
+`cfg.pipeline_repeats`) viewed as [S, R, layers per chunk], chunk r S + s at
+[s, r], and run as a GPipe (R = 1) or circular (R > 1) schedule over
+`cfg.pipeline_microbatches` slices of the batch (`maxtext.layers.pipeline`);
+each row's positions and segment ids travel with it through the stages. The
+leading "layers" axis is sharded over the `stage` mesh axis in contiguous
+blocks, so for R = 1 the view is free; for R > 1 it moves each stage's chunks
+to it once per call (an all-to-all over `stage`, outside the schedule's loop).
+When every chunk has the same local/global pattern, a chunk runs as above;
+otherwise each layer's window is data indexed by stage and pass, and the layer
+switches between the distinct windows (under the vmap over stages every branch
+is computed, so such layers cost about one block per distinct window: prefer
 stage and repeat counts that give every chunk the same pattern). With a KV
 cache (decoding) the layers run without the pipeline.
 
@@ -33,8 +43,9 @@ axes (batch, length, embed) at every block boundary and the logits to
 (batch, length, vocab); the constraints apply only under
 `axes.activation_sharding` (the train step sets it from the compute rules).
 
-Decoding: `init_cache(batch, length)` gives an empty KV cache (per layer;
-stacked over layers with scan_layers, a tuple of per-layer caches without);
+Decoding: `init_cache(batch, length)` gives an empty KV cache, a dict by
+layer kind (each kind's stacked over its layers with scan_layers, a tuple
+of per-layer caches without; a kind's heads and head size are its own);
 `model(tokens, positions, cache=cache)` runs the tokens (a prompt, then one
 token per step) through the same blocks, writing their keys and values at
 their positions, and returns (logits, cache). Without a cache nothing
@@ -45,14 +56,15 @@ carrying a copy per layer.
 
 Mixture of experts (`cfg.num_experts` > 0): blocks have routed experts
 (`maxtext.layers.moe`) in place of the MLP, except the first
-`cfg.first_dense_layers`, which are a separate stack (`dense_blocks`, run
-first) with a dense MLP. Sown (see below): the sum over layers of the
-experts' weighted auxiliary losses as a `moe.AuxLoss` named "aux_loss" (the
-train step adds it to the objective), the layers' mean of each unweighted
-auxiliary term and of the dropped fraction as `nnx.Intermediate`
-"moe_metrics", and each expert layer's expert loads [expert layers,
-experts] as `nnx.Intermediate` "expert_load", from which the train step
-moves the router bias (`update_router_bias`).
+`cfg.first_dense_layers` and those between `cfg.moe_layer_interval`, which are
+a kind of their own (`dense_blocks`) with a dense MLP. Sown (see below): the
+sum over layers of the experts' weighted auxiliary losses as a `moe.AuxLoss`
+named "aux_loss" (the train step adds it to the objective), the layers' mean of
+each unweighted auxiliary term and of the dropped fraction as
+`nnx.Intermediate` "moe_metrics", and each expert layer's expert loads [expert
+layers, experts] (kind by kind, each in its stack's order) as
+`nnx.Intermediate` "expert_load", from which the train step moves the router
+bias (`update_router_bias`).
 
 Multi-token prediction (`cfg.mtp_layers` > 0, DeepSeek-V3): `mtp` holds one
 `maxtext.models.mtp.MTP` per depth; sown: their logits as `mtp.MtpLogits`

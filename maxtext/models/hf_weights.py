@@ -6,19 +6,18 @@ numpy array, e.g. from safetensors) into a model built by
 tensor by tensor); `to_hf_weights(model)` is the inverse, and
 `iter_hf_weights(model)` yields the same tensors one at a time. Names and
 layouts come from the family's `HF_PARAMS` (whole-model parameters) and
-`HF_BLOCK_PARAMS` (per layer, "{layer}" in the name); both the scanned
-layout (parameters stacked over layers) and the unscanned one (a list of
-blocks) are handled here. Each layer kind's stack holds the Hugging Face
-layers of that kind, in order (`layer_pattern.kind_layers`: e.g.
-DeepSeek's dense first layers are its `dense_blocks`). Multi-token prediction modules
-(`model.mtp`, DeepSeek-V3) are Hugging Face layers num_layers + k for
-depth k + 1, named by the family's `HF_MTP_PARAMS`; their copies of the
-embedding and output head (`HF_MTP_COPIES`) are skipped on load and
-written on export. A checkpoint's prediction layers that the model lacks
-(mtp_layers=0) are skipped, and their count logged. A name that also holds
-"{{expert}}" (escaped, so it survives the layer's `format`) is one Hugging
-Face tensor per expert of a parameter whose (next) leading axis is the
-expert (mixture of experts).
+`HF_BLOCK_PARAMS` (per layer, "{layer}" in the name); both the scanned layout
+(parameters stacked over layers) and the unscanned one (a list of blocks) are
+handled here. Each layer kind's stack holds the Hugging Face layers of that
+kind, in order (`layer_pattern.kind_layers`: e.g. DeepSeek's dense first layers
+are its `dense_blocks`). Multi-token prediction modules (`model.mtp`,
+DeepSeek-V3) are Hugging Face layers num_layers + k for depth k + 1, named by
+the family's `HF_MTP_PARAMS`; their copies of the embedding and output head
+(`HF_MTP_COPIES`) are skipped on load and written on export. A checkpoint's
+prediction layers that the model lacks (mtp_layers=0) are skipped, and their
+count logged. A name that also holds "{{expert}}" (escaped, so it survives the
+layer's `format`) is one Hugging Face tensor per expert of a parameter whose
+(next) leading axis is the expert (mixture of experts).
 
 The loader takes numpy arrays of any floating dtype (float16, bfloat16,
 float32, float64) and casts them to each parameter's dtype; torch tensors are
