@@ -21,8 +21,7 @@ The names keep the parameter paths of checkpoints written before kinds.
 Running: `segments(layers)` cuts the layers into runs, each a pattern of
 `period` layers repeated `groups` times. The decoder scans a run over its
 groups, tracing one group, so compile time grows with the sum of the
-periods, which `segments` makes as small as it can be; a run of one group
-is unrolled.
+periods, which `segments` makes as small as it can be.
 """
 
 import dataclasses

@@ -15,10 +15,9 @@ Layouts of each kind's parameters:
     `nnx.vmap`. The forward pass runs the layers in order as the runs of
     `layer_pattern.segments`, each a pattern of layers (kinds and windows,
     e.g. Gemma 3's 5 local + 1 global) repeated over groups, scanned over
-    its groups with one group traced (a run of one group is unrolled); so
-    compile time grows with the pattern length, not with depth. Each layer
-    of a group gets its kind's stack sliced with a stride, unsliced by the
-    scan.
+    its groups with one group traced; so compile time grows with the
+    pattern length, not with depth. Each layer of a group gets its kind's
+    stack sliced with a stride, unsliced by the scan.
   scan_layers=False: an `nnx.List` of `Block`s per kind, one per layer.
 
 Pipeline parallelism (`cfg.pipeline_stages` = S > 1, training only, a model of

@@ -102,12 +102,7 @@ def scan_layers(graphdefs, states, pattern, x_BLD, run_block, caches):
         strided((states[layer.kind.name],
                  None if caches is None else caches[layer.kind.name]), offset)
         for offset, layer in enumerate(layers))
-    if segment.groups == 1:  # Unrolled.
-      x_BLD, outputs = group_step(x_BLD, jax.tree.map(lambda a: a[0],
-                                                      group_inputs))
-      outputs = jax.tree.map(lambda a: a[None], outputs)
-    else:
-      x_BLD, outputs = jax.lax.scan(group_step, x_BLD, group_inputs)
+    x_BLD, outputs = jax.lax.scan(group_step, x_BLD, group_inputs)
     for name in per_group:
       # The kind's offsets, [groups, ...] each, interleave into its layers
       # of the run in order.
