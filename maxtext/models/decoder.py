@@ -151,7 +151,7 @@ class Decoder(nnx.Module):
   def _stacks(self) -> dict[str, nnx.Module]:
     """{kind name: its blocks}, in order of the kinds' first layers."""
     return {kind.name: getattr(self, kind.name)
-            for kind in dict.fromkeys(layer.kind for layer in self.pattern)}
+            for kind in layer_pattern.kinds(self.cfg)}
 
   def init_cache(self, batch: int, length: int):
     """An empty KV cache for `batch` rows of up to `length` positions:
@@ -288,8 +288,8 @@ class Decoder(nnx.Module):
   def _expert_kinds(self) -> list[str]:
     """Names of the kinds with experts, in the order their MoE values are
     sown (each kind's layers in its stack's order)."""
-    return [layer.kind.name for layer in dict.fromkeys(
-        layer for layer in self.pattern if layer.kind.experts)]
+    return [kind.name for kind in layer_pattern.kinds(self.cfg)
+            if kind.experts]
 
   def update_router_bias(self, expert_load_NE: jax.Array) -> None:
     """Moves the experts' router bias against `expert_load_NE` (in place).

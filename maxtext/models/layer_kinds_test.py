@@ -112,6 +112,27 @@ class LayerKindsTest(absltest.TestCase):
       np.testing.assert_array_equal(
           loads, np.stack([want_loads[j] for j in by_kind]))
 
+  def test_an_expert_kind_with_two_windows_sows_each_layer_once(self):
+    # Local and global expert layers of the same sizes: one kind, two
+    # windows (GPT-OSS); its layers' loss and loads count once each.
+    cfg = dataclasses.replace(
+        _cfg(scan_layers=False), global_head_dim=0, global_num_kv_heads=0,
+        global_layer_interval=2, moe_layer_interval=1)
+    self.assertEqual(
+        {layer.window for layer in layer_pattern.layers(cfg)
+         if layer.kind.experts}, {3, None})
+    unscanned = registry.create_model(cfg, rngs=nnx.Rngs(3))
+    scanned = registry.create_model(dataclasses.replace(cfg, scan_layers=True),
+                                    rngs=nnx.Rngs(4))
+    hf_weights.load_hf_weights(scanned, hf_weights.to_hf_weights(unscanned))
+    tokens = _tokens()
+    want_logits, want_loss, want_loads = _by_hand(unscanned, tokens)
+    for model in (unscanned, scanned):
+      logits, loss, loads = _captured(model, tokens)
+      np.testing.assert_allclose(logits, want_logits, rtol=0, atol=2e-5)
+      np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+      np.testing.assert_array_equal(loads, np.stack(want_loads))
+
   def test_router_bias_moves_in_each_expert_kind(self):
     model = registry.create_model(_cfg(), rngs=nnx.Rngs(2))
     _, _, loads = _captured(model, _tokens())
