@@ -24,6 +24,7 @@ groups, tracing one group, so compile time grows with the sum of the
 periods, which `segments` makes as small as it can be.
 """
 
+import collections
 import dataclasses
 import functools
 
@@ -83,9 +84,14 @@ def layers(cfg: ModelConfig) -> tuple[Layer, ...]:
   return tuple(result)
 
 
+def kind_counts(cfg: ModelConfig) -> dict[LayerKind, int]:
+  """{kind: its number of layers}, in order of the kinds' first layers."""
+  return dict(collections.Counter(layer.kind for layer in layers(cfg)))
+
+
 def kinds(cfg: ModelConfig) -> tuple[LayerKind, ...]:
   """The distinct layer kinds of `cfg`, in order of their first layer."""
-  return tuple(dict.fromkeys(layer.kind for layer in layers(cfg)))
+  return tuple(kind_counts(cfg))
 
 
 def kind_layers(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

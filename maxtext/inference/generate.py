@@ -43,7 +43,6 @@ Shape key: B batch, P longest prompt, T max new tokens, S = P + T cache
 length, V vocab, N pages per row.
 """
 
-import collections
 import dataclasses
 import functools
 
@@ -52,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext.common import layer_pattern
 from maxtext.inference import page_pool
 from maxtext.inference import sampler
 from maxtext.kernels import paged_attention
@@ -89,10 +89,9 @@ def _unscanned(model):
   cfg = model.cfg
   if not cfg.scan_layers:
     return model
-  for group, count in collections.Counter(
-      layer.kind.name for layer in model.pattern).items():
-    graphdef, stacked_state = nnx.split(getattr(model, group))
-    setattr(model, group, nnx.List([
+  for kind, count in layer_pattern.kind_counts(cfg).items():
+    graphdef, stacked_state = nnx.split(getattr(model, kind.name))
+    setattr(model, kind.name, nnx.List([
         nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked_state))
         for i in range(count)]))
   # Decoding never pipelines (`Decoder` pipelines only without a cache).

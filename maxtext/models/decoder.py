@@ -87,8 +87,6 @@ The code is split by concern: a layer (`Block`) and how one runs
 Shape key: B batch, L length, D embed dim, V vocab.
 """
 
-import collections
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -129,8 +127,7 @@ class Decoder(nnx.Module):
         cfg.vocab_size, cfg.embed_dim, scale_by_sqrt_dim=cfg.scale_embeddings,
         dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
     self.pattern = layer_pattern.layers(cfg)
-    counts = collections.Counter(layer.kind for layer in self.pattern)
-    for kind, count in counts.items():  # One stack per kind.
+    for kind, count in layer_pattern.kind_counts(cfg).items():  # A stack each.
       setattr(self, kind.name,
               layer_stack.make_blocks(cfg, kind, count, rngs))
     self.final_norm = block_lib.embed_norm(cfg)
@@ -165,9 +162,8 @@ class Decoder(nnx.Module):
           batch, length, kind_cfg.num_kv_heads, kind_cfg.head_dim,
           jnp.dtype(kind_cfg.dtype))
 
-    counts = collections.Counter(layer.kind for layer in self.pattern)
     caches = {}
-    for kind, count in counts.items():
+    for kind, count in layer_pattern.kind_counts(cfg).items():
       layer = empty(kind.config(cfg))
       caches[kind.name] = (
           jax.tree.map(lambda a, n=count: jnp.broadcast_to(a, (n, *a.shape)),
@@ -303,9 +299,11 @@ class Decoder(nnx.Module):
     if not (self.cfg.router_bias and rate):
       return
     start = 0
+    counts = {kind.name: n
+              for kind, n in layer_pattern.kind_counts(self.cfg).items()}
     for name in self._expert_kinds():
       blocks = getattr(self, name)
-      count = sum(layer.kind.name == name for layer in self.pattern)
+      count = counts[name]
       loads_NE = expert_load_NE[start:start + count]
       start += count
       if self.cfg.scan_layers:
