@@ -31,16 +31,6 @@ def model_defaults() -> ml_collections.ConfigDict:
       dtype="float32",
       param_dtype="float32",
       scan_layers=True,
-      # maxtext.kernels.dispatch: "auto" picks per backend (TPU splash; GPU
-      # cuDNN, else the Pallas Triton kernel, else blockwise; CPU
-      # blockwise); the blocks tile blockwise, splash and pallas_gpu.
-      attention_impl="auto",
-      attention_block_q=512,
-      attention_block_kv=512,
-      # With the length split (mesh.ici.sequence > 1): "allgather" gathers
-      # keys and values whole, "ring" passes them round the devices
-      # (maxtext.kernels.ring).
-      context_parallel="allgather",
       norm_eps=1e-6,
       norm_offset=0.0,
       post_norms=False,
@@ -72,22 +62,6 @@ def model_defaults() -> ml_collections.ConfigDict:
       attn_logit_softcap=0.0,
       final_logit_softcap=0.0,
       mlp_activation="silu",
-      # Recomputation in the backward pass of each block: "none", "full",
-      # "minimal", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj",
-      # "nothing_saveable" or "custom" (maxtext.layers.remat).
-      remat_policy="none",
-      # remat_policy="custom": (activation name, "keep" | "offload") pairs;
-      # unlisted activations are recomputed; offload saves to host memory.
-      # Names: query_proj, key_proj, value_proj, attention_context, out_proj,
-      # mlp_gate, mlp_up, mlp_hidden, mlp_out. E.g.
-      #   --config.model.remat_custom='(("mlp_hidden", "offload"),)'
-      remat_custom=(),
-      # Pipeline stages; base_config() ties it to the `stage` mesh axis.
-      pipeline_stages=1,
-      # Batch slices flowing through the pipeline; 0: one per stage.
-      pipeline_microbatches=0,
-      # Passes through the stages: 1 GPipe, more a circular schedule.
-      pipeline_repeats=1,
       # Mixture of experts (maxtext.layers.moe); num_experts=0: dense MLPs.
       num_experts=0,
       num_experts_per_token=1,
@@ -346,14 +320,39 @@ def base_config() -> ml_collections.ConfigDict:
   # sequence: activations split along length; tensor: heads/MLP/vocab split;
   # expert: a batch axis that also splits the experts of MoE layers
   # (expert parallelism); stage: pipeline stages
-  # (model.pipeline_stages follows it; not -1). E.g. 8 devices as 2x2x2
+  # (pipeline.stages follows it; not -1). E.g. 8 devices as 2x2x2
   # fsdp/tensor/sequence:
   #   --config.mesh.ici.data=1 --config.mesh.ici.fsdp=2
   #   --config.mesh.ici.tensor=2 --config.mesh.ici.sequence=2
   config.mesh.ici = mesh_axes(data=-1)
   config.mesh.dcn = mesh_axes()
-  config.model.pipeline_stages = (config.mesh.ici.get_ref("stage") *
-                                  config.mesh.dcn.get_ref("stage"))
+
+  # How the model runs, apart from what it is (maxtext.models.execution):
+  # none of these changes the parameters or the outputs.
+  # maxtext.kernels.dispatch: impl "auto" picks per backend (TPU splash; GPU
+  # cuDNN, else the Pallas Triton kernel, else blockwise; CPU blockwise); the
+  # blocks tile blockwise, splash and pallas_gpu. With the length split
+  # (mesh.ici.sequence > 1) context_parallel "allgather" gathers keys and
+  # values whole, "ring" passes them round the devices (maxtext.kernels.ring).
+  config.attention_kernel = ml_collections.ConfigDict(dict(
+      impl="auto", block_q=512, block_kv=512, context_parallel="allgather"))
+  # Pipeline parallelism (maxtext.layers.pipeline), training only: stages
+  # follow the `stage` mesh axis; microbatches are batch slices flowing
+  # through it (0: one per stage); repeats are passes through the stages (1
+  # GPipe, more a circular schedule).
+  config.pipeline = ml_collections.ConfigDict(dict(
+      stages=config.mesh.ici.get_ref("stage") *
+      config.mesh.dcn.get_ref("stage"),
+      microbatches=0, repeats=1))
+  # Recomputation in the backward pass of each block (maxtext.layers.remat):
+  # "none", "full", "minimal", "save_dot_except_mlp", "save_qkv_proj",
+  # "save_out_proj", "nothing_saveable" or "custom". custom: (activation
+  # name, "keep" | "offload") pairs; unlisted activations are recomputed;
+  # offload saves to host memory. Names: query_proj, key_proj, value_proj,
+  # attention_context, out_proj, mlp_gate, mlp_up, mlp_hidden, mlp_out. E.g.
+  #   --config.remat.policy=custom \
+  #   --config.remat.custom='(("mlp_hidden", "offload"),)'
+  config.remat = ml_collections.ConfigDict(dict(policy="none", custom=()))
 
   config.sharding = sharding_defaults()
 

@@ -112,6 +112,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       devices=0,
   ))
   config.lora = shared.lora
+  config.attention_kernel = shared.attention_kernel
+  config.remat = shared.remat
   config.mesh = shared.mesh
   config.sharding = shared.sharding
   config.export = shared.export

@@ -89,6 +89,9 @@ def posttrain_config(method: str) -> ml_collections.ConfigDict:
   ))
 
   config.lora = lora_defaults("full")
+  # How the model runs (pipeline parallelism is pre-training's only).
+  config.attention_kernel = base.attention_kernel
+  config.remat = base.remat
   config.mesh = base.mesh
   config.sharding = base.sharding
 

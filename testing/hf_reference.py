@@ -12,6 +12,8 @@ import torch
 from transformers.core_model_loading import revert_weight_conversion
 
 from maxtext.common.model_config import ModelConfig
+from maxtext.kernels import dispatch
+from maxtext.models import execution
 from maxtext.models import hf_weights
 from maxtext.models import registry
 
@@ -70,23 +72,27 @@ def assert_round_trip(hf_model: torch.nn.Module, cfg: ModelConfig,
 
 
 def max_logit_diff(hf_model: torch.nn.Module, cfg: ModelConfig,
-                   tokens_BL: np.ndarray, **overrides) -> float:
+                   tokens_BL: np.ndarray, *, attention_impl: str = "auto",
+                   **overrides) -> float:
   """Largest |our logit - HF logit| with HF weights loaded into our model.
 
   Args:
     hf_model: From `random_hf_model`.
     cfg: Our config of the same architecture (`model_config_from_hf`).
     tokens_BL: Token ids.
-    **overrides: ModelConfig fields to change (scan_layers, attention_impl).
+    attention_impl: Our attention kernel (`attention_kernel.impl`).
+    **overrides: ModelConfig fields to change (scan_layers).
   """
   cfg = dataclasses.replace(cfg, **overrides)
-  model = registry.create_model(cfg, rngs=nnx.Rngs(0))
+  model = registry.create_model(
+      cfg, rngs=nnx.Rngs(0), execution=execution.Execution(
+          attention_kernel=dispatch.Kernel(impl=attention_impl)))
   hf_weights.load_hf_weights(model, state_dict(hf_model))
   logits = nnx.jit(lambda m, t: m(t))(model, jnp.asarray(tokens_BL))
   with torch.no_grad():
     want = hf_model(torch.tensor(tokens_BL)).logits.numpy()
   assert logits.dtype == jnp.float32 and logits.shape == want.shape
   diff = float(np.abs(np.asarray(logits) - want).max())
-  print(f"{cfg.family} {overrides}: max |logit diff| = {diff:.3g} "
-        f"(max |logit| {np.abs(want).max():.3g})")
+  print(f"{cfg.family} {attention_impl} {overrides}: max |logit diff| ="
+        f" {diff:.3g} (max |logit| {np.abs(want).max():.3g})")
   return diff

@@ -52,7 +52,7 @@ FIT_HINT = (
     "Shard the state over more devices (--config.mesh.ici.fsdp, a larger"
     " --topology), lower --config.train.batch_size or raise"
     " --config.train.microbatches, recompute activations"
-    " (--config.model.remat_policy=full), or rank layouts with --sweep.")
+    " (--config.remat.policy=full), or rank layouts with --sweep.")
 
 
 class DoesNotFitError(ValueError):
@@ -207,7 +207,7 @@ def xla_costs(step: CompiledStep,
   model = experiment.model
   if not model.scan_layers or model.num_layers == 1:
     return xla_costs_of(step.compiled)
-  if model.pipeline_stages > 1:
+  if experiment.pipeline.stages > 1:
     return (_costs(step.compiled),
             "XLA cost analysis, which counts the scanned layers once")
   one, two = (

@@ -17,6 +17,7 @@ from configs import llama3
 from maxtext.aot import aot_testing
 from maxtext.aot import compile_step
 from maxtext.aot import tiny_experiment
+from maxtext.kernels import dispatch
 from maxtext.metrics import flops
 from maxtext.trainers import pretrain
 from maxtext.trainers import train_state as train_state_lib
@@ -38,8 +39,8 @@ class TpuCompileTest(absltest.TestCase):
     # Plain-XLA attention: XLA's bytes-accessed count of the splash kernel
     # (`auto` on TPU) inside its shard_map is not additive over layers (1.3%
     # off), which the extrapolation check below would flag.
-    experiment = dataclasses.replace(experiment, model=dataclasses.replace(
-        experiment.model, attention_impl="reference"))
+    experiment = dataclasses.replace(
+        experiment, attention_kernel=dispatch.Kernel(impl="reference"))
     step, report = aot_testing.compile_for(experiment, "v5e:2x2")
     self.assertEqual(step.hardware.device_kind, "TPU v5 lite")
     self.assertEqual(dict(step.mesh.shape)["fsdp"], 4)
@@ -87,7 +88,7 @@ class TpuCompileTest(absltest.TestCase):
     with self.assertRaisesRegex(
         compile_step.DoesNotFitError,
         r"does not fit in the 15\.75 GiB of v5e HBM per device on v5e-1:"
-        r".*RESOURCE_EXHAUSTED.*remat_policy"):
+        r".*RESOURCE_EXHAUSTED.*remat.policy"):
       aot_testing.compile_for(experiment, "v5e-1")
 
 

@@ -34,6 +34,8 @@ from maxtext.aot import compile_step
 from maxtext.aot import topology as topology_lib
 from maxtext.checkpoint import params_checkpoint
 from maxtext.common.model_config import ModelConfig
+from maxtext.layers import remat
+from maxtext.models import execution as execution_lib
 from maxtext.models import registry
 from maxtext.posttrain import adapter
 from maxtext.posttrain import base_model
@@ -94,22 +96,24 @@ def checkpoint_model_config(load: str) -> ModelConfig:
 def _abstract_model(cfg: ModelConfig, lora: lora_lib.LoraConfig, seed: int,
                     rules: rules_lib.LogicalRules,
                     tx: optax.GradientTransformation,
-                    model_cls: type[adapter.TunixModel]
+                    model_cls: type[adapter.TunixModel],
+                    execution: execution_lib.Execution
                     ) -> tuple[adapter.TunixModel, nnx.Optimizer]:
-  """The model `base_model.load_model` builds for `cfg`, wrapped in
-  `model_cls`, and its optimizer (sharing it, as in a trainer), abstract."""
+  """The model `base_model.load_model` builds for `cfg` and `execution`,
+  wrapped in `model_cls`, and its optimizer (sharing it, as in a trainer),
+  abstract."""
 
   def build() -> tuple[adapter.TunixModel, nnx.Optimizer]:
     adapted = lora.mode != "full"
     # As in load_model: adapters are created on a first call without remat.
     model = registry.create_model(
-        dataclasses.replace(cfg, remat_policy="none", remat_custom=())
-        if adapted else cfg, rngs=nnx.Rngs(seed))
+        cfg, rngs=nnx.Rngs(seed), execution=dataclasses.replace(
+            execution, remat=remat.RematConfig()) if adapted else execution)
     base_model._to_mesh_axes(model, rules)  # pylint: disable=protected-access
     if adapted:
       model = lora_lib.apply_lora(model, lora, seed=seed,
                                   example_tokens=jnp.zeros((1, 8), jnp.int32))
-      model.cfg = cfg
+      model.execution = execution
     model = model_cls(model, rules)
     return model, nnx.Optimizer(model, tx,
                                 wrt=base_model.trainable_filter(model))
@@ -195,7 +199,8 @@ def compile_tunix_step(
     tx = optax.MultiSteps(tx, config.train.microbatches)
   model, optimizer = _placed(
       _abstract_model(model_cfg, config.lora, config.train.seed,
-                      runtime.rules, tx, model_cls), runtime.mesh)
+                      runtime.rules, tx, model_cls, config.execution),
+      runtime.mesh)
   lora_enabled = base_model.trainable_filter(model) is nnx.LoRAParam
   batch = _tunix_input(batch, runtime.mesh,
                        runtime.data_axes(config.train.rows, seq_len))

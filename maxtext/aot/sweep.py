@@ -16,7 +16,7 @@ import math
 
 from maxtext.aot import compile_step
 from maxtext.aot import topology as topology_lib
-from maxtext.common import model_config
+from maxtext.layers import remat
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.trainers.config import ExperimentConfig
 
@@ -68,7 +68,7 @@ class SweepRow:
 
   Attributes:
     layout: ICI size of every mesh axis.
-    remat_policy: The model's remat policy.
+    remat_policy: The run's remat policy (`remat.policy`).
     report: Its memory, FLOPs and time; None when it did not compile.
     error: Why it did not compile.
     out_of_memory: It did not compile because it does not fit (the TPU
@@ -117,17 +117,19 @@ def sweep(experiment: ExperimentConfig, hardware: topology_lib.Hardware,
   Raises:
     ValueError: a remat policy is unknown (names the valid ones).
   """
-  unknown = [p for p in remat_policies if p not in model_config.REMAT_POLICIES]
+  unknown = [p for p in remat_policies if p not in remat.POLICIES]
   if unknown:
     raise ValueError(f"Unknown remat policies {unknown}; valid:"
-                     f" {list(model_config.REMAT_POLICIES)}.")
+                     f" {list(remat.POLICIES)}.")
   rows = []
   for layout in layouts:
     for policy in remat_policies:
       try:
         candidate = dataclasses.replace(
             experiment,
-            model=dataclasses.replace(experiment.model, remat_policy=policy),
+            remat=remat.RematConfig(
+                policy=policy, custom=experiment.remat.custom
+                if policy == "custom" else ()),
             mesh=mesh_lib.MeshConfig(ici=layout, dcn=experiment.mesh.dcn))
         step = compile_step.compile_train_step(candidate, hardware)
       except compile_step.DoesNotFitError as e:

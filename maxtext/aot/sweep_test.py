@@ -29,7 +29,7 @@ class SweepTest(absltest.TestCase):
     # against 39.7 MB). Only the layer inputs are saved under full remat,
     # no splash residuals. At 4 layers of width 1024 over 2048 tokens full
     # remat halves splash's temporaries (607 MB against 1,233 MB).
-    config.model.attention_impl = "reference"
+    config.attention_kernel.impl = "reference"
     config.data.seq_len = 256
     experiment = ExperimentConfig.from_config_dict(config)
     hardware = topology.hardware_for("v5e:2x2")

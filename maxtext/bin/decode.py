@@ -90,8 +90,7 @@ def _model(cfg, params):
   config = ptq.PtqConfig(qtype=_QUANTIZE.value)
   if cfg.scan_layers:
     params = base_model.unstack_layers(params)
-  cfg = dataclasses.replace(cfg, scan_layers=False, remat_policy="none",
-                            remat_custom=())
+  cfg = dataclasses.replace(cfg, scan_layers=False)
   model = params_checkpoint.model_from_params(cfg, params)
   full_bytes = ptq.param_bytes(model)
   model = ptq.quantize_for_decode(model, config)

@@ -162,9 +162,8 @@ class HfConfigTest(parameterized.TestCase):
                   (family, "llama3"))  # Llama 2 loads as Llama 3.
     back = module.model_config_from_hf(hf)
     self.assertEqual(back.query_scale, cfg.query_scale)
-    # Not architecture: compute choices, and None vs head_dim for the scalar.
-    ignored = ("dtype", "param_dtype", "scan_layers", "attention_impl",
-               "remat_policy", "query_pre_attn_scalar")
+    # Compute choices, and None vs head_dim for the scalar.
+    ignored = ("dtype", "param_dtype", "scan_layers", "query_pre_attn_scalar")
     self.assertEqual(
         {k: v for k, v in dataclasses.asdict(back).items() if k not in ignored},
         {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ignored})

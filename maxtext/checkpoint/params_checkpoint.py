@@ -35,7 +35,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from maxtext.checkpoint.manager import STATE_ITEM
+from maxtext.common import model_config
 from maxtext.common.model_config import ModelConfig
+from maxtext.models import execution as execution_lib
 from maxtext.models import registry
 
 MODEL_CONFIG_FILENAME = "model_config.json"
@@ -50,9 +52,14 @@ class ParamsCheckpointError(ValueError):
   """A checkpoint is missing or unreadable; the message names the path."""
 
 
-def abstract_model(cfg: ModelConfig) -> nnx.Module:
-  """`cfg`'s model with `jax.ShapeDtypeStruct` values (nothing allocated)."""
-  return nnx.eval_shape(lambda: registry.create_model(cfg, rngs=nnx.Rngs(0)))
+def abstract_model(
+    cfg: ModelConfig,
+    execution: execution_lib.Execution = execution_lib.Execution()
+) -> nnx.Module:
+  """`cfg`'s model with `jax.ShapeDtypeStruct` values (nothing allocated),
+  to run under `execution`."""
+  return nnx.eval_shape(lambda: registry.create_model(
+      cfg, rngs=nnx.Rngs(0), execution=execution))
 
 
 def model_params(model: nnx.Module) -> dict[str, Any]:
@@ -61,10 +68,13 @@ def model_params(model: nnx.Module) -> dict[str, Any]:
   return nnx.to_pure_dict(nnx.state(model))
 
 
-def model_from_params(cfg: ModelConfig, params: dict[str, Any]) -> nnx.Module:
+def model_from_params(
+    cfg: ModelConfig, params: dict[str, Any],
+    execution: execution_lib.Execution = execution_lib.Execution()
+) -> nnx.Module:
   """`cfg`'s model holding `params`, a `model_params` tree (the arrays are
-  used, not copied)."""
-  graphdef, state = nnx.split(abstract_model(cfg))
+  used, not copied), to run under `execution`."""
+  graphdef, state = nnx.split(abstract_model(cfg, execution))
   nnx.replace_by_pure_dict(state, params)
   return nnx.merge(graphdef, state)
 
@@ -122,7 +132,8 @@ def _read_json(path: str) -> dict[str, Any]:
 
 def _model_config(values: dict[str, Any], path: str) -> ModelConfig:
   try:
-    return ModelConfig.from_dict(values)
+    # Files written before execution settings left the model: migrated.
+    return ModelConfig.from_dict(model_config.migrate(values))
   except (TypeError, ValueError) as e:
     raise ParamsCheckpointError(f"{path}: invalid model config: {e}") from e
 

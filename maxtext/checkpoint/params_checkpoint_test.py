@@ -1,6 +1,8 @@
 """A training checkpoint exports to Hugging Face; checkpoint path errors."""
 
+import json
 import os
+import shutil
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -17,6 +19,7 @@ from maxtext.checkpoint import hf_convert
 from maxtext.checkpoint import params_checkpoint
 from maxtext.layers import moe
 from maxtext.trainers import pretrain
+from maxtext.trainers.config import ExperimentConfig
 
 _TOKENS = np.random.RandomState(0).randint(0, 256, size=(2, 12))
 
@@ -94,6 +97,35 @@ class TrainingCheckpointTest(parameterized.TestCase):
     params_checkpoint.save_converted(out, cfg, weights)
     _, converted = params_checkpoint.load_params(out)
     jax.tree.map(np.testing.assert_array_equal, converted, weights)
+
+  def test_checkpoints_written_before_execution_left_the_model(self):
+    # Written by the code whose model section held attention_impl, remat_*
+    # and pipeline_* (testdata/before_execution/README.md): they load, and
+    # the workdir resumes as if never interrupted.
+    fixtures = os.path.join(os.path.dirname(__file__), "testdata",
+                            "before_execution")
+    workdir = os.path.join(self.create_tempdir().full_path, "workdir")
+    shutil.copytree(os.path.join(fixtures, "workdir"), workdir)
+    cfg, params = params_checkpoint.load_params(workdir)
+    converted_cfg, converted = params_checkpoint.load_params(
+        os.path.join(fixtures, "converted"))
+    config = _tiny_config(scan_layers=True)
+    self.assertEqual(cfg, ExperimentConfig.from_config_dict(config).model)
+    self.assertEqual(converted_cfg, cfg)
+    jax.tree.map(np.testing.assert_array_equal, converted, params)
+
+    config.remat.policy = "full"  # What the fixture's run used.
+    config.attention_kernel.update(impl="blockwise", block_q=8, block_kv=8)
+    resumed = pretrain.train(config, workdir)
+    uninterrupted = pretrain.train(config, self.create_tempdir().full_path)
+    self.assertEqual(resumed.step, 2)
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+      steps = [json.loads(line)["step"] for line in f]
+    self.assertEqual(sorted(set(steps)), [1, 2])  # Step 1 was not redone.
+    self.assertEqual(steps.count(1), 2)  # Its train and goodput lines.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
+                                                         atol=1e-6),
+                 resumed.state.params, uninterrupted.state.params)
 
   def test_not_a_checkpoint(self):
     folder = self.create_tempdir().full_path

@@ -16,6 +16,9 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
+from maxtext.common import model_config
+from maxtext.common import sections
+
 
 def _innermost_message(error: BaseException) -> str:
   """The text of `error`, unwrapping `AttributeError(KeyError(text))`."""
@@ -41,6 +44,10 @@ def override_error_message(name: str, error: BaseException,
     if path.startswith(f"{name}.") and field in path.split(".")[1:]:
       override = "--" + path
       break
+  section, _, key = override.removeprefix(f"--{name}.").partition(".")
+  if section == "model" and key in model_config.MOVED_KEYS:
+    return f"{override}: " + sections.moved_key_message(
+        f"model.{key}", model_config.MOVED_KEYS[key])
   hint = f" {rest.strip()}" if rest.strip() else ""
   return f"{override}: unknown config field {field!r}.{hint}"
 

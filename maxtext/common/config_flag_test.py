@@ -10,7 +10,8 @@ import ml_collections
 
 def get_config():
   return ml_collections.ConfigDict(
-      {"optimizer": {"learning_rate": 1e-3}, "train": {"steps": 10}})
+      {"optimizer": {"learning_rate": 1e-3}, "train": {"steps": 10},
+       "model": {"num_layers": 2}})
 """
 
 
@@ -48,6 +49,12 @@ class ConfigFlagTest(absltest.TestCase):
         r" 'optimizr'\. Did you mean \"optimizer\""):
       self._parse("--config.optimizr.learning_rate=1e-3")
 
+  def test_a_key_that_moved_out_of_the_model_names_its_new_place(self):
+    with self.assertRaisesRegex(
+        flags.IllegalFlagValueError,
+        r"^--config\.model\.remat_policy: Config key 'model.remat_policy'"
+        r" moved to 'remat.policy'; set --config.remat.policy instead\.$"):
+      self._parse("--config.model.remat_policy=full")
 
   def test_wrong_type_is_a_one_line_flag_error(self):
     with self.assertRaisesRegex(

@@ -1,21 +1,15 @@
-"""Checks of a `ModelConfig`'s parts: pipeline, experts, MLA, MTP and the
-custom remat policy, and the choices they validate against.
+"""Checks of a `ModelConfig`'s parts: experts, global layer sizes, MLA and
+MTP, and the choices they validate against.
 
 Each check takes the config being built (`self` of
 `ModelConfig.__post_init__`, named so here) and raises `ValueError` naming
 the field, its value and what would be valid (`fail`).
 """
 
-from collections.abc import Mapping
 from typing import Any
 
 # "gqa": maxtext.layers.attention; "mla": maxtext.layers.mla (DeepSeek).
 ATTENTION_TYPES = ("gqa", "mla")
-# Activations of a block tagged with `checkpoint_name` (attention, mlp), and
-# what the "custom" remat policy can do with each (maxtext.layers.remat).
-REMAT_NAMES = ("query_proj", "key_proj", "value_proj", "attention_context",
-               "out_proj", "mlp_gate", "mlp_up", "mlp_hidden", "mlp_out")
-REMAT_ACTIONS = ("keep", "recompute", "offload")
 # Mixture of experts (maxtext.layers.moe).
 ROUTER_SCORES = ("softmax", "sigmoid")
 MOE_IMPLS = ("dropless", "capacity", "dense")
@@ -25,71 +19,6 @@ def fail(field: str, value: Any, valid: str) -> None:
   """Raises the error of a bad `ModelConfig` field."""
   raise ValueError(f"ModelConfig.{field}={value!r} is invalid: {valid}.")
 
-
-def normalize_remat_custom(self) -> None:
-  """Stores `remat_custom` as sorted (name, action) pairs without the
-  "recompute" ones; checks the names, the actions and the policy."""
-  custom = self.remat_custom
-  if hasattr(custom, "to_dict"):
-    custom = custom.to_dict()
-  if isinstance(custom, Mapping):
-    custom = tuple(custom.items())
-  try:
-    pairs = {name: action for name, action in custom}
-  except (TypeError, ValueError):
-    fail("remat_custom", self.remat_custom,
-          "must map activation names to actions")
-  for name, action in pairs.items():
-    if name not in REMAT_NAMES:
-      fail("remat_custom", self.remat_custom,
-            f"{name!r} is not an activation name; valid: {REMAT_NAMES}")
-    if action not in REMAT_ACTIONS:
-      fail("remat_custom", self.remat_custom,
-            f"{name!r}: {action!r} is not an action; valid: "
-            f"{REMAT_ACTIONS}")
-  pairs = tuple(sorted((n, a) for n, a in pairs.items()
-                       if a != "recompute"))
-  if pairs and self.remat_policy != "custom":
-    fail("remat_custom", self.remat_custom,
-          f'only remat_policy="custom" reads it, not '
-          f"{self.remat_policy!r}")
-  object.__setattr__(self, "remat_custom", pairs)
-
-def check_pipeline(self) -> None:
-  """The pipeline fields: stages, microbatches, repeats and what they
-  divide."""
-  stages = self.pipeline_stages
-  if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-    fail("pipeline_stages", stages,
-          "must be a positive integer (the size of the 'stage' mesh axis;"
-          " that axis cannot be -1 with pipelining)")
-  microbatches = self.pipeline_microbatches
-  if (isinstance(microbatches, bool) or not isinstance(microbatches, int)
-      or microbatches < 0):
-    fail("pipeline_microbatches", microbatches,
-          "must be a positive integer, or 0 for one per stage")
-  repeats = self.pipeline_repeats
-  if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-    fail("pipeline_repeats", repeats,
-          "must be a positive integer (1: GPipe)")
-  if stages == 1:
-    return
-  if self.num_layers % stages:
-    fail("pipeline_stages", stages,
-          f"must divide num_layers={self.num_layers}")
-  if self.num_layers % (stages * repeats):
-    valid = [r for r in range(1, self.num_layers // stages + 1)
-             if self.num_layers % (stages * r) == 0]
-    fail("pipeline_repeats", repeats,
-          f"pipeline_stages={stages} * pipeline_repeats must divide"
-          f" num_layers={self.num_layers}; valid repeats: {valid}")
-  if repeats > 1 and 0 < microbatches < stages:
-    fail("pipeline_microbatches", microbatches,
-          f"the circular schedule (pipeline_repeats={repeats}) needs at"
-          f" least pipeline_stages={stages} microbatches, or 0 for one"
-          " per stage")
-  if not self.scan_layers:
-    fail("pipeline_stages", stages, "pipelining needs scan_layers=True")
 
 def check_moe(self) -> None:
   """The mixture-of-experts fields (only set with num_experts > 0)."""
@@ -160,10 +89,6 @@ def check_moe(self) -> None:
     fail("router_bias_update_rate", self.router_bias_update_rate,
           "needs router_bias=True (there is no bias to move); set"
           " router_bias or use 0")
-  if self.pipeline_stages > 1:
-    fail("pipeline_stages", self.pipeline_stages,
-          "pipelining is not supported with experts (num_experts="
-          f"{self.num_experts}); use 1")
 
 def check_global_sizes(self) -> None:
   """`global_head_dim` and `global_num_kv_heads`: a global layer's own
@@ -192,10 +117,6 @@ def check_global_sizes(self) -> None:
     fail(name, getattr(self, name),
           f'serves attention_type="gqa" only, not {self.attention_type!r};'
           " use 0")
-  if self.pipeline_stages > 1:
-    fail("pipeline_stages", self.pipeline_stages,
-          f"pipelining runs one layer kind; {name} makes global layers a "
-          "kind of their own; use 1")
 
 
 def check_mla(self) -> None:
@@ -239,7 +160,3 @@ def check_mtp(self) -> None:
     fail("mtp_layers", value, "must be an integer >= 0 (0 is off)")
   if self.mtp_loss_weight < 0:
     fail("mtp_loss_weight", self.mtp_loss_weight, "must be >= 0")
-  if value and self.pipeline_stages > 1:
-    fail("mtp_layers", value,
-          "multi-token prediction is not supported with pipeline_stages="
-          f"{self.pipeline_stages}; use 0")

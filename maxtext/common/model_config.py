@@ -17,25 +17,41 @@ rotary, as in GPT-OSS); global layers use base `rope_theta` and the
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from maxtext.common import model_checks
+from maxtext.common import sections
 
 DTYPES = ("float32", "bfloat16")
 ROPE_SCALINGS = ("default", "linear", "llama3", "yarn")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh", "clamped_swiglu")
-# See maxtext.kernels.dispatch.
-ATTENTION_IMPLS = ("auto", "reference", "blockwise", "xla", "cudnn", "splash",
-                   "pallas_gpu")
-# See maxtext.kernels.dispatch and maxtext.kernels.ring.
-CONTEXT_PARALLELS = ("allgather", "ring")
-# See maxtext.layers.remat.
-REMAT_POLICIES = ("none", "full", "minimal", "save_dot_except_mlp",
-                  "save_qkv_proj", "save_out_proj", "nothing_saveable",
-                  "custom")
-# The parts' choices (attention types, remat names and actions, router
-# scores, MoE implementations) and checks live in model_checks.
+# The parts' choices (attention types, router scores, MoE implementations)
+# and checks live in model_checks.
 _fail = model_checks.fail
+# Keys that were `model` fields and are not architecture: how a model runs
+# (`maxtext.models.execution`). Old key -> its section and key now.
+MOVED_KEYS = {
+    "attention_impl": "attention_kernel.impl",
+    "attention_block_q": "attention_kernel.block_q",
+    "attention_block_kv": "attention_kernel.block_kv",
+    "context_parallel": "attention_kernel.context_parallel",
+    "remat_policy": "remat.policy",
+    "remat_custom": "remat.custom",
+    "pipeline_stages": "pipeline.stages",
+    "pipeline_microbatches": "pipeline.microbatches",
+    "pipeline_repeats": "pipeline.repeats",
+}
+
+
+def migrate(values: Mapping[str, Any]) -> dict[str, Any]:
+  """The `ModelConfig` fields of a `model` mapping written by an earlier
+  version (a converted checkpoint's `model_config.json`, a workdir's
+  `config.json`): the keys that moved out (`MOVED_KEYS`) recorded how that
+  run ran, not the model, and are dropped."""
+  if hasattr(values, "to_dict"):
+    values = values.to_dict()
+  return {key: value for key, value in values.items()
+          if key not in MOVED_KEYS}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,20 +72,6 @@ class ModelConfig:
     param_dtype: Parameter dtype name.
     scan_layers: Stack the blocks' parameters and run them with a scan, so
       compile time does not grow with depth.
-    attention_impl: Attention kernel (`maxtext.kernels.dispatch`): "auto"
-      (TPU splash, GPU cuDNN where it serves the layer else pallas_gpu, CPU
-      blockwise), "reference" (plain JAX), "blockwise" (flash-style plain
-      JAX), "xla" (`jax.nn.dot_product_attention`), "cudnn" (its cuDNN
-      backend), "splash" (TPU Pallas) or "pallas_gpu" (GPU Pallas/Triton).
-    attention_block_q: Query tile of the "blockwise", "splash" and
-      "pallas_gpu" kernels.
-    attention_block_kv: Key tile of the "blockwise", "splash" and
-      "pallas_gpu" kernels.
-    context_parallel: How training attention runs when the compute rules
-      split the length (the `sequence` mesh axis): "allgather" gathers the
-      keys and values whole, "ring" passes them round the devices
-      (`maxtext.kernels.ring`, in place of `attention_impl`; not with
-      attention_type="mla").
     norm_eps: RMSNorm epsilon.
     norm_offset: RMSNorm multiplies by `norm_offset + scale` (Gemma: 1.0, with
       the scale initialised to zero).
@@ -118,27 +120,6 @@ class ModelConfig:
     mlp_activation: Gated unit of the MLP and experts: "silu" (SwiGLU),
       "gelu_tanh" (GeGLU) or "clamped_swiglu" (GPT-OSS;
       `maxtext.layers.mlp.clamped_swiglu`).
-    remat_policy: What the backward pass of each block recomputes, by name
-      (`maxtext.layers.remat`): "none" keeps every activation; "custom"
-      follows `remat_custom`.
-    remat_custom: For remat_policy="custom": activation name
-      (`model_checks.REMAT_NAMES`) -> "keep", "recompute" or "offload"
-      (saved in host memory). A mapping
-      is accepted; stored as sorted (name, action) pairs without the
-      "recompute" ones (the default for unlisted names).
-    pipeline_stages: Pipeline parallelism (`maxtext.layers.pipeline`): the
-      layers are split over this many stages; equals the size of the
-      `stage` mesh axis. 1 is off. Needs `scan_layers`.
-    pipeline_microbatches: Slices of the batch that flow through the
-      pipeline stages; 0 means one per stage. Divides the batch; at least
-      `pipeline_stages` when `pipeline_repeats` > 1.
-    pipeline_repeats: Passes of each microbatch through the stages: the
-      layers are split into stages * repeats chunks of consecutive layers,
-      stage s holding chunks s, s + stages, ... (circular schedule; the
-      bubble shrinks to (stages - 1) / (repeats * microbatches + stages -
-      1)). 1 is GPipe: each stage holds one chunk. Divides num_layers /
-      pipeline_stages. Like `pipeline_microbatches`, unused with one stage
-      (so decoding, which runs without the pipeline, keeps it).
     num_experts: Mixture of experts (`maxtext.layers.moe`): routed experts
       of each MoE layer; 0 means a dense MLP in every layer.
     num_experts_per_token: Experts each token is sent to (top-k).
@@ -204,6 +185,9 @@ class ModelConfig:
       in the training objective.
   """
 
+  # Keys moved to other sections (`sections.build_section` names them).
+  MOVED_KEYS: ClassVar[dict[str, str]] = MOVED_KEYS
+
   family: str
   vocab_size: int
   num_layers: int
@@ -216,10 +200,6 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   scan_layers: bool = True
-  attention_impl: str = "auto"
-  attention_block_q: int = 512
-  attention_block_kv: int = 512
-  context_parallel: str = "allgather"
   norm_eps: float = 1e-6
   norm_offset: float = 0.0
   post_norms: bool = False
@@ -248,11 +228,6 @@ class ModelConfig:
   attn_logit_softcap: float = 0.0
   final_logit_softcap: float = 0.0
   mlp_activation: str = "silu"
-  remat_policy: str = "none"
-  remat_custom: Any = ()
-  pipeline_stages: int = 1
-  pipeline_microbatches: int = 0
-  pipeline_repeats: int = 1
   num_experts: int = 0
   num_experts_per_token: int = 1
   moe_mlp_dim: int = 0
@@ -288,9 +263,14 @@ class ModelConfig:
 
     Raises:
       TypeError: a key is not a field (the error lists the valid fields).
+      ValueError: a key moved out of the model (`MOVED_KEYS`).
     """
     if hasattr(values, "to_dict"):
       values = values.to_dict()
+    for key in values:
+      if key in MOVED_KEYS:
+        raise ValueError(sections.moved_key_message(f"model.{key}",
+                                                    MOVED_KEYS[key]))
     fields = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(fields))
     if unknown:
@@ -319,10 +299,7 @@ class ModelConfig:
         _fail(name, getattr(self, name), "must be True or False")
     for name, valid in (("dtype", DTYPES), ("param_dtype", DTYPES),
                         ("rope_scaling", ROPE_SCALINGS),
-                        ("mlp_activation", MLP_ACTIVATIONS),
-                        ("attention_impl", ATTENTION_IMPLS),
-                        ("context_parallel", CONTEXT_PARALLELS),
-                        ("remat_policy", REMAT_POLICIES)):
+                        ("mlp_activation", MLP_ACTIVATIONS)):
       if getattr(self, name) not in valid:
         _fail(name, getattr(self, name), f"valid values are {valid}")
     for name in ("norm_eps", "rope_theta"):
@@ -367,30 +344,10 @@ class ModelConfig:
     if scalar is not None and scalar <= 0:
       _fail("query_pre_attn_scalar", self.query_pre_attn_scalar,
             "must be positive or None (None means head_dim)")
-    if self.attention_impl in ("xla", "cudnn") and self.attn_logit_softcap:
-      _fail("attention_impl", self.attention_impl,
-            f"the {self.attention_impl} implementation has no attention-logit"
-            ' soft-cap; use "auto", "reference", "blockwise", "splash" or'
-            ' "pallas_gpu", or set attn_logit_softcap=0')
-    if self.attention_impl in ("xla", "cudnn") and self.attention_sinks:
-      _fail("attention_impl", self.attention_impl,
-            f"the {self.attention_impl} implementation has no attention "
-            'sinks; use "auto", "reference", "blockwise", "splash" or '
-            '"pallas_gpu", or set attention_sinks=False')
-    for name in ("attention_block_q", "attention_block_kv"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        _fail(name, value, "must be a positive integer")
-    if self.context_parallel == "ring" and self.attention_type == "mla":
-      _fail("context_parallel", self.context_parallel,
-            'ring attention serves attention_type="gqa" layers only; use'
-            ' "allgather" with attention_type="mla"')
-    model_checks.check_pipeline(self)
     model_checks.check_moe(self)
     model_checks.check_global_sizes(self)
     model_checks.check_mla(self)
     model_checks.check_mtp(self)
-    model_checks.normalize_remat_custom(self)
 
   def moe_layer(self, layer: int) -> bool:
     """Whether layer `layer` (0-based) has experts instead of a dense MLP."""

@@ -5,6 +5,7 @@ import dataclasses
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from maxtext.common import model_config
 from maxtext.common.model_config import ModelConfig
 
 _VALID = dict(family="test", vocab_size=32, num_layers=8, embed_dim=16,
@@ -21,6 +22,27 @@ class ModelConfigTest(parameterized.TestCase):
     with self.assertRaisesRegex(TypeError, r"\['num_head'\].*num_heads"):
       ModelConfig.from_dict({**_VALID, "num_head": 4})
 
+  @parameterized.parameters(*model_config.MOVED_KEYS.items())
+  def test_a_moved_key_names_where_it_went(self, old, new):
+    with self.assertRaisesRegex(
+        ValueError, rf"^Config key 'model.{old}' moved to '{new}'; set"
+        rf" --config.{new} instead.$"):
+      ModelConfig.from_dict({**_VALID, old: None})
+
+  def test_migrate_drops_the_keys_that_moved_out(self):
+    # The flat form written before execution left the model: every moved
+    # key with a value of its time.
+    old = {**_VALID, "attention_impl": "splash", "attention_block_q": 8,
+           "attention_block_kv": 8, "context_parallel": "ring",
+           "remat_policy": "custom",
+           "remat_custom": [["mlp_hidden", "offload"]],
+           "pipeline_stages": 2, "pipeline_microbatches": 4,
+           "pipeline_repeats": 2}
+    self.assertEqual(set(old) - set(_VALID), set(model_config.MOVED_KEYS))
+    self.assertEqual(ModelConfig.from_dict(model_config.migrate(old)),
+                     ModelConfig(**_VALID))
+    self.assertEqual(model_config.migrate(_VALID), _VALID)
+
   def test_is_frozen(self):
     cfg = ModelConfig(**_VALID)
     with self.assertRaises(dataclasses.FrozenInstanceError):
@@ -34,8 +56,6 @@ class ModelConfigTest(parameterized.TestCase):
       ("dtype", dict(dtype="fp8"), "dtype='fp8'", "float32"),
       ("activation", dict(mlp_activation="relu"), "mlp_activation='relu'",
        "gelu_tanh"),
-      ("impl", dict(attention_impl="pallas"), "attention_impl='pallas'",
-       "reference"),
       ("rope", dict(rope_scaling="ntk"), "rope_scaling='ntk'", "yarn"),
       ("default_factor", dict(rope_scaling_factor=8.0),
        "rope_scaling_factor=8.0", "default"),
@@ -50,8 +70,6 @@ class ModelConfigTest(parameterized.TestCase):
        "global_layer_interval=1", "every layer global"),
       ("bool", dict(scan_layers=1), "scan_layers=1", "True or False"),
       ("bias_bool", dict(qkv_bias="yes"), "qkv_bias='yes'", "True or False"),
-      ("softcap_xla", dict(attention_impl="xla", attn_logit_softcap=50.0),
-       "attention_impl='xla'", "soft-cap"),
       ("query_scalar", dict(query_pre_attn_scalar=-1.0),
        "query_pre_attn_scalar=-1.0", "positive"),
   )

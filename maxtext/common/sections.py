@@ -6,7 +6,8 @@ a frozen dataclass defined next to the code that reads it and validated in
 its `__post_init__`. `build_sections(config, SECTIONS)` builds them all:
 
 - an unknown section or key is an error that names it, suggests the closest
-  valid one and lists them all; a missing one is named;
+  valid one and lists them all (a key the section's `MOVED_KEYS` lists is
+  named with where it went); a missing one is named;
 - a value of the wrong plain type (bool, int, float, str) is named with the
   type it needs, and a float that is NaN or infinite is refused, for every
   float field of every section;
@@ -86,6 +87,12 @@ def _type_error(key: str, value: Any, annotation: Any) -> str | None:
   return None
 
 
+def moved_key_message(old: str, new: str) -> str:
+  """The one line for a config key `old` ("model.remat_policy") that moved
+  to `new` ("remat.policy")."""
+  return f"Config key '{old}' moved to '{new}'; set --config.{new} instead."
+
+
 def build_section(name: str, cls: type[Any], values: Mapping[str, Any]) -> Any:
   """`cls(**values)`, naming unknown, missing or mistyped keys of `name`,
   with the user's paths resolved (`paths.resolve_values`).
@@ -102,6 +109,10 @@ def build_section(name: str, cls: type[Any], values: Mapping[str, Any]) -> Any:
                      f" values, not {values!r}.")
   fields = [f.name for f in dataclasses.fields(cls)]
   unknown = sorted(set(values) - set(fields))
+  moved = getattr(cls, "MOVED_KEYS", {})
+  for key in unknown:
+    if key in moved:
+      raise ValueError(moved_key_message(f"{name}.{key}", moved[key]))
   if unknown:
     keys = ", ".join(f"'{name}.{key}'" for key in unknown)
     raise ValueError(

@@ -94,8 +94,9 @@ def _unscanned(model):
     setattr(model, kind.name, nnx.List([
         nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked_state))
         for i in range(count)]))
-  # Decoding never pipelines (`Decoder` pipelines only without a cache).
-  model.cfg = dataclasses.replace(cfg, scan_layers=False, pipeline_stages=1)
+  # Decoding never pipelines (`Decoder` pipelines only without a cache), so
+  # the unscanned model may keep the execution it was built with.
+  model.cfg = dataclasses.replace(cfg, scan_layers=False)
   return model
 
 

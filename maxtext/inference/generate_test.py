@@ -20,6 +20,8 @@ import numpy as np
 from maxtext.common.model_config import ModelConfig
 from maxtext.inference import generate
 from maxtext.inference import sampler
+from maxtext.layers import pipeline
+from maxtext.models import execution
 from maxtext.models import registry
 from testing import tiny_configs
 
@@ -31,8 +33,11 @@ def _tiny(family: str, **changes) -> ModelConfig:
   return tiny_configs.tiny_model_config(family, window=_WINDOW, **changes)
 
 
-def _model(cfg: ModelConfig) -> nnx.Module:
-  return registry.create_model(cfg, rngs=nnx.Rngs(1))
+def _model(cfg: ModelConfig,
+           execution_config: execution.Execution = execution.Execution()
+           ) -> nnx.Module:
+  return registry.create_model(cfg, rngs=nnx.Rngs(1),
+                               execution=execution_config)
 
 
 @nnx.jit
@@ -65,7 +70,8 @@ class GenerateTest(parameterized.TestCase):
     # Decoding unstacks the layers; the pipeline stages play no part.
     cfg = dataclasses.replace(_tiny("llama3"), num_layers=4)
     prompts = [[1, 2, 3], [9, 8]]
-    pipelined = _model(dataclasses.replace(cfg, pipeline_stages=2))
+    pipelined = _model(cfg, execution.Execution(
+        pipeline=pipeline.PipelineConfig(stages=2)))
     self.assertEqual(
         generate.generate(pipelined, prompts, max_new_tokens=6),
         generate.generate(_model(cfg), prompts, max_new_tokens=6))

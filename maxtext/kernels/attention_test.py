@@ -5,8 +5,8 @@ from absl.testing import parameterized
 import jax
 import numpy as np
 
-from maxtext.common import model_config
 from maxtext.kernels import attention
+from maxtext.kernels import dispatch
 from maxtext.kernels import kernel_testing
 
 _B, _L, _K = 2, 10, 8
@@ -138,8 +138,7 @@ class AttentionTest(parameterized.TestCase):
     self.assertGreater(np.abs(out3[:, query] - out[:, query]).max(), 1e-3)
 
   def test_implementations_are_config_choices(self):
-    self.assertLess(set(attention.IMPLEMENTATIONS),
-                    set(model_config.ATTENTION_IMPLS))
+    self.assertLess(set(attention.IMPLEMENTATIONS), set(dispatch.IMPLS))
 
 
 class PositionsMaskTest(parameterized.TestCase):

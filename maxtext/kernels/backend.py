@@ -85,7 +85,7 @@ def per_shard_attention(
         f"A Pallas attention kernel runs per shard of batch and heads; the "
         f"compute rules give queries {q_spec} and keys {kv_spec} (lengths "
         "and head dim must be unsplit, batch and heads split alike). Use "
-        "attention_impl 'blockwise' or 'reference' with these rules.")
+        "attention_kernel.impl 'blockwise' or 'reference' with these rules.")
   row_spec = P(q_spec[0], None)
   return jax.shard_map(
       fn, mesh=mesh,

@@ -41,6 +41,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from maxtext.common import sections
 from maxtext.kernels import attention as attention_lib
 from maxtext.kernels import blockwise
 from maxtext.kernels import backend
@@ -224,34 +225,37 @@ def attention(
                                      segment_ids_BL, sinks_H)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Kernel:
-  """`attention` with `impl`, the blocks and the context parallelism
-  bound: the signature of `attention.reference_attention`, for layers.
+  """The `attention_kernel` config section: `attention` with `impl`, the
+  blocks and the context parallelism bound, called with the signature of
+  `attention.reference_attention` by the layers. Not architecture: a model
+  gives the same outputs with any of them (`maxtext.models.execution`).
   Compares by value, so models built twice from one config have equal
-  static structure."""
-  impl: str
+  static structure.
+
+  Attributes:
+    impl: One of `IMPLS` (module docstring).
+    block_q: Query tile of "blockwise", "splash" and "pallas_gpu".
+    block_kv: Key tile of the same.
+    context_parallel: One of `CONTEXT_PARALLELS`: how training attention
+      runs when the compute rules split the length (the `sequence` mesh
+      axis).
+  """
+  impl: str = "auto"
   block_q: int = 512
   block_kv: int = 512
   context_parallel: str = "allgather"
+
+  def __post_init__(self):
+    sections.check_choice("attention_kernel.impl", self.impl, IMPLS)
+    sections.check_int("attention_kernel.block_q", self.block_q, minimum=1)
+    sections.check_int("attention_kernel.block_kv", self.block_kv, minimum=1)
+    sections.check_choice("attention_kernel.context_parallel",
+                          self.context_parallel, CONTEXT_PARALLELS)
 
   def __call__(self, q_BLHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
                **kwargs) -> jax.Array:
     return attention(q_BLHK, k_BSGK, v_BSGK, impl=self.impl,
                      block_q=self.block_q, block_kv=self.block_kv,
                      context_parallel=self.context_parallel, **kwargs)
-
-
-def kernel(impl: str, *, block_q: int = 512, block_kv: int = 512,
-           context_parallel: str = "allgather") -> Kernel:
-  """The layers' attention function for `impl`, the blocks and the context
-  parallelism (`CONTEXT_PARALLELS`).
-
-  Raises:
-    ValueError: `impl` is not one of `IMPLS`, or `context_parallel` not one
-      of `CONTEXT_PARALLELS`.
-  """
-  if impl not in IMPLS:
-    raise ValueError(f"Unknown attention impl {impl!r}; valid: {IMPLS}.")
-  _check_context_parallel(context_parallel)
-  return Kernel(impl, block_q, block_kv, context_parallel)

@@ -9,7 +9,6 @@ import numpy as np
 
 from maxtext.aot import topology
 from maxtext.common import axes
-from maxtext.common import model_config
 from maxtext.kernels import attention
 from maxtext.kernels import backend
 from maxtext.kernels import dispatch
@@ -73,9 +72,6 @@ class SelectTest(parameterized.TestCase):
       dispatch.select_impl("xla", features=("sinks_H",), platform="cpu",
                            dtype=jnp.float32)
 
-  def test_impls_are_the_config_choices(self):
-    self.assertEqual(dispatch.IMPLS, model_config.ATTENTION_IMPLS)
-
   def test_platform_comes_from_the_activation_mesh(self):
     self.assertEqual(backend.target_platform(), "cpu")
     hardware = topology.hardware_for("v5e-1")
@@ -102,20 +98,23 @@ class AttentionTest(parameterized.TestCase):
     sinks_H = np.float32([0.0, 1.0, -1.0, 2.0])
     want = attention.reference_attention(q, k, v, scale=0.3,
                                          logit_softcap=2.0, sinks_H=sinks_H)
-    got = dispatch.kernel("auto", block_q=8, block_kv=8)(
+    got = dispatch.Kernel(block_q=8, block_kv=8)(
         q, k, v, scale=0.3, logit_softcap=2.0, sinks_H=sinks_H)
     np.testing.assert_allclose(got, want, atol=1e-5)
 
   def test_kernels_of_one_config_are_equal(self):
     """Static structure of models built twice must match (jit caches)."""
-    self.assertEqual(dispatch.kernel("auto", block_q=8),
-                     dispatch.kernel("auto", block_q=8))
-    self.assertNotEqual(dispatch.kernel("auto", block_q=8),
-                        dispatch.kernel("auto", block_q=16))
+    self.assertEqual(dispatch.Kernel(block_q=8),
+                     dispatch.Kernel(block_q=8))
+    self.assertNotEqual(dispatch.Kernel(block_q=8),
+                        dispatch.Kernel(block_q=16))
 
   def test_kernel_rejects_unknown_impl(self):
-    with self.assertRaisesRegex(ValueError, "'pallas'.*valid"):
-      dispatch.kernel("pallas")
+    with self.assertRaisesRegex(
+        ValueError, r"attention_kernel.impl='pallas' is invalid; valid"):
+      dispatch.Kernel(impl="pallas")
+    with self.assertRaisesRegex(ValueError, r"attention_kernel.block_q=0"):
+      dispatch.Kernel(block_q=0)
 
 
 if __name__ == "__main__":

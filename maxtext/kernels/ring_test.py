@@ -17,12 +17,12 @@ import optax
 from configs import common
 from configs import llama3
 from maxtext.common import axes
-from maxtext.common import model_config
 from maxtext.common.model_config import ModelConfig
 from maxtext.kernels import attention
 from maxtext.kernels import dispatch
 from maxtext.kernels import kernel_testing
 from maxtext.kernels import ring
+from maxtext.models import execution
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
 from maxtext.trainers import train_state as train_state_lib
@@ -194,19 +194,19 @@ class RingAttentionTest(parameterized.TestCase):
     q, k, v = kernel_testing.inputs(_B, _L, 2, 2, _K)
     with self.assertRaisesRegex(ValueError, r"'ulysses'; valid: \('allg"):
       dispatch.attention(q, k, v, scale=1.0, context_parallel="ulysses")
-    with self.assertRaisesRegex(ValueError, "'ulysses'; valid"):
-      dispatch.kernel("auto", context_parallel="ulysses")
-    self.assertEqual(dispatch.CONTEXT_PARALLELS,
-                     model_config.CONTEXT_PARALLELS)
-    values = llama3.get_config().model.to_dict()
-    values.update(context_parallel="ulysses")
     with self.assertRaisesRegex(
-        ValueError, r"context_parallel='ulysses' is invalid: valid values"
-        r" are \('allgather', 'ring'\)"):
-      ModelConfig(**values)
-    values.update(context_parallel="ring", attention_type="mla")
+        ValueError, "attention_kernel.context_parallel='ulysses' is invalid"):
+      dispatch.Kernel(context_parallel="ulysses")
+    with self.assertRaisesRegex(
+        ValueError, r"context_parallel='ulysses' is invalid; valid values:"
+        r" \('allgather', 'ring'\)"):
+      dispatch.Kernel(context_parallel="ulysses")
+    values = llama3.get_config().model.to_dict()
+    values.update(attention_type="mla")
     with self.assertRaisesRegex(ValueError, "gqa\" layers only"):
-      ModelConfig(**values)
+      execution.Execution(
+          attention_kernel=dispatch.Kernel(context_parallel="ring")).check(
+              ModelConfig(**values))
 
   def test_heads_split_unlike_kv_heads(self):
     q, k, v = kernel_testing.inputs(_B, _L, 4, 1, _K)
@@ -219,15 +219,16 @@ def _llama_state(context_parallel, **ici):
   """A tiny Llama 3 (GQA, 2 layers) on `ici` with the default rules."""
   values = llama3.get_config().model.to_dict()
   values.update(vocab_size=64, num_layers=2, embed_dim=16, mlp_dim=32,
-                num_heads=4, num_kv_heads=2, head_dim=8,
-                context_parallel=context_parallel)
+                num_heads=4, num_kv_heads=2, head_dim=8)
   mesh = mesh_lib.make_mesh(
       mesh_lib.MeshConfig(ici=mesh_lib.AxisSizes(**ici)),
       jax.devices()[:int(np.prod(list(ici.values())))])
   rules = rules_lib.LogicalRules.from_config(
       mesh, rules_lib.ShardingConfig(**common.sharding_defaults()))
   return train_state_lib.create_train_state(
-      ModelConfig(**values), seed=0, tx=optax.sgd(0.1),
+      ModelConfig(**values), execution=execution.Execution(
+          attention_kernel=dispatch.Kernel(context_parallel=context_parallel)),
+      seed=0, tx=optax.sgd(0.1),
       schedule=optax.constant_schedule(0.1), z_loss=0.0, mesh=mesh,
       rules=rules)
 

@@ -1,6 +1,6 @@
 """The default config's train step, compiled ahead of time for small TPU
 topologies on this CPU host (libtpu), runs the Pallas kernels that
-attention_impl="auto" and the MoE grouped matmul pick there."""
+attention_kernel.impl="auto" and the MoE grouped matmul pick there."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -24,7 +24,7 @@ class TpuTrainStepTest(parameterized.TestCase):
   def test_auto_attention_is_splash_under_fsdp(self):
     """Four chips, FSDP: splash runs per shard in a shard_map."""
     experiment, text = _compiled_text("v5e:2x2")
-    self.assertEqual(experiment.model.attention_impl, "auto")
+    self.assertEqual(experiment.attention_kernel.impl, "auto")
     # The scanned layers' body holds the forward, dq and dkv kernels.
     self.assertEqual(text.count(_MOSAIC), 3)
 

@@ -43,7 +43,9 @@ class Attention(nnx.Module):
   and decoding alike.
   """
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *,
+               kernel: attention_dispatch.Kernel = attention_dispatch.Kernel(),
+               rngs: nnx.Rngs):
     def project(in_shape, out_shape, in_axes, out_axes, use_bias=False):
       return linear.Linear(in_shape, out_shape, in_axes=in_axes,
                            out_axes=out_axes, dtype=cfg.dtype,
@@ -74,10 +76,7 @@ class Attention(nnx.Module):
       self.key_norm = head_norm()
     else:
       self.query_norm = self.key_norm = None
-    self.kernel = attention_dispatch.kernel(
-        cfg.attention_impl, block_q=cfg.attention_block_q,
-        block_kv=cfg.attention_block_kv,
-        context_parallel=cfg.context_parallel)
+    self.kernel = kernel
     self.scale = cfg.query_scale
     self.logit_softcap = cfg.attn_logit_softcap
 

@@ -10,9 +10,11 @@ import numpy as np
 
 from maxtext.common.model_config import ModelConfig
 from maxtext.kernels import attention as attention_kernels
+from maxtext.kernels import dispatch
 from maxtext.layers import attention
 from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import rope
+from maxtext.models import execution
 
 _L = 12
 _CFG = ModelConfig(family="test", vocab_size=8, num_layers=1, embed_dim=16,
@@ -28,8 +30,9 @@ def _run(layer, x, window=None, segment_ids=None):
 
 
 def _layer(impl="reference", **changes):
-  cfg = dataclasses.replace(_CFG, attention_impl=impl, **changes)
-  return attention.Attention(cfg, rngs=nnx.Rngs(0))
+  cfg = dataclasses.replace(_CFG, **changes)
+  return attention.Attention(cfg, kernel=dispatch.Kernel(impl=impl),
+                             rngs=nnx.Rngs(0))
 
 
 def _x(seed=0):
@@ -140,8 +143,10 @@ class AttentionLayerTest(parameterized.TestCase):
                        .max(), 1e-3)
 
   def test_sinks_config_rejects_xla(self):
-    with self.assertRaisesRegex(ValueError, "attention_impl.*sinks"):
-      dataclasses.replace(_CFG, attention_impl="xla", attention_sinks=True)
+    with self.assertRaisesRegex(
+        ValueError, "attention_kernel.impl='xla' has no attention sinks"):
+      execution.Execution(attention_kernel=dispatch.Kernel(impl="xla")).check(
+          dataclasses.replace(_CFG, attention_sinks=True))
 
   def test_sinks_apply_when_decoding(self):
     """Prefill then one token at a time over a KV cache equals one pass."""

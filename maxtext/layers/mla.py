@@ -81,7 +81,9 @@ class MLA(nnx.Module):
   Same call signature as `maxtext.layers.attention.Attention`.
   """
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *,
+               kernel: attention_dispatch.Kernel = attention_dispatch.Kernel(),
+               rngs: nnx.Rngs):
     def project(in_shape, out_shape, in_axes, out_axes):
       return linear.Linear(in_shape, out_shape, in_axes=in_axes,
                            out_axes=out_axes, dtype=cfg.dtype,
@@ -114,9 +116,7 @@ class MLA(nnx.Module):
                          (KV_LORA,), head_axes)
     self.output = project((heads, cfg.v_head_dim), (cfg.embed_dim,),
                           head_axes, (axes.EMBED,))
-    self.kernel = attention_dispatch.kernel(
-        cfg.attention_impl, block_q=cfg.attention_block_q,
-        block_kv=cfg.attention_block_kv)
+    self.kernel = kernel
     self.scale = softmax_scale(cfg)
     self.logit_softcap = cfg.attn_logit_softcap
     self.interleaved = cfg.rope_interleave

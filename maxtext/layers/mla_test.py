@@ -22,7 +22,8 @@ _CFG = ModelConfig(
     q_lora_rank=16, kv_lora_rank=12, qk_nope_head_dim=6, v_head_dim=10,
     rope_interleave=True, rope_scaling="yarn", rope_scaling_factor=4.0,
     rope_original_max_length=8, rope_yarn_mscale=1.0,
-    rope_yarn_mscale_all_dim=1.0, attention_impl="reference")
+    rope_yarn_mscale_all_dim=1.0)
+_REFERENCE = dispatch.Kernel(impl="reference")
 _B, _L = 2, 7
 
 
@@ -46,7 +47,7 @@ class MlaTest(parameterized.TestCase):
       self, q_lora_rank, interleave):
     cfg = dataclasses.replace(_CFG, q_lora_rank=q_lora_rank,
                               rope_interleave=interleave)
-    layer = mla.MLA(cfg, rngs=nnx.Rngs(0))
+    layer = mla.MLA(cfg, kernel=_REFERENCE, rngs=nnx.Rngs(0))
     x_BLD = _inputs()
     want = layer(x_BLD, _rotary(cfg, _positions()))
     cache = mla.empty_cache(cfg, _B, 16)
@@ -69,8 +70,8 @@ class MlaTest(parameterized.TestCase):
     # Rotating pairs (0, 1), (2, 3), ... equals the half-split rotation of
     # weights whose rotary columns are reordered evens-then-odds.
     split_cfg = dataclasses.replace(_CFG, rope_interleave=False)
-    interleaved = mla.MLA(_CFG, rngs=nnx.Rngs(0))
-    split = mla.MLA(split_cfg, rngs=nnx.Rngs(0))
+    interleaved = mla.MLA(_CFG, kernel=_REFERENCE, rngs=nnx.Rngs(0))
+    split = mla.MLA(split_cfg, kernel=_REFERENCE, rngs=nnx.Rngs(0))
     nope, rot = _CFG.qk_nope_head_dim, _CFG.head_dim
     order = np.concatenate([np.arange(0, rot, 2), np.arange(1, rot, 2)])
     q = np.array(split.query_up.kernel[...])
@@ -83,7 +84,7 @@ class MlaTest(parameterized.TestCase):
     want = interleaved(x_BLD, _rotary(_CFG, _positions()))
     got = split(x_BLD, _rotary(split_cfg, _positions()))
     np.testing.assert_allclose(got, want, atol=1e-5)
-    unpermuted = mla.MLA(split_cfg, rngs=nnx.Rngs(0))(
+    unpermuted = mla.MLA(split_cfg, kernel=_REFERENCE, rngs=nnx.Rngs(0))(
         x_BLD, _rotary(split_cfg, _positions()))
     self.assertGreater(np.abs(unpermuted - want).max(), 1e-3)
 

@@ -31,21 +31,66 @@ The data moving through the stages is any pytree (the residual stream plus,
 e.g., each row's positions and segment ids), every leaf with the microbatch
 rows first.
 
+`PipelineConfig` is the `pipeline` config section: not architecture (the
+parameters and outputs are those of the model without it), so it is not in
+`ModelConfig`; `maxtext.models.execution` checks it against the model.
+
 Shape key: S stages, R repeats (passes), M microbatches, B batch rows, b rows
 of a microbatch.
 """
 
 from collections.abc import Callable
+import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from maxtext.common import axes
+from maxtext.common import sections
 
 # Logical name of the stage axis of activations (and the mesh axis the
 # stages are vmapped over).
 STAGE = "stage"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+  """The `pipeline` config section (training only; decoding runs without).
+
+  Attributes:
+    stages: The layers are split over this many stages; equals the size of
+      the `stage` mesh axis (configs/common ties them). 1 is off. Needs
+      `model.scan_layers`.
+    microbatches: Slices of the batch that flow through the stages; 0 means
+      one per stage. Divides the batch; at least `stages` when `repeats` >
+      1.
+    repeats: Passes of each microbatch through the stages: the layers are
+      split into stages * repeats chunks of consecutive layers, stage s
+      holding chunks s, s + stages, ... (circular schedule; the bubble
+      shrinks to (stages - 1) / (repeats * microbatches + stages - 1)). 1 is
+      GPipe: each stage holds one chunk. Divides num_layers / stages.
+  """
+
+  stages: int = 1
+  microbatches: int = 0
+  repeats: int = 1
+
+  def __post_init__(self):
+    if isinstance(self.stages, bool) or not isinstance(
+        self.stages, int) or self.stages < 1:
+      raise ValueError(
+          f"pipeline.stages={self.stages!r} must be a positive integer (the"
+          " size of the 'stage' mesh axis; that axis cannot be -1 with"
+          " pipelining).")
+    sections.check_int("pipeline.microbatches", self.microbatches, minimum=0)
+    sections.check_int("pipeline.repeats", self.repeats, minimum=1)
+    if self.repeats > 1 and 0 < self.microbatches < self.stages:
+      raise ValueError(
+          f"pipeline.microbatches={self.microbatches}: the circular schedule"
+          f" (pipeline.repeats={self.repeats}) needs at least"
+          f" pipeline.stages={self.stages} microbatches, or 0 for one per"
+          " stage.")
 
 
 def split_microbatches(tree: Any, count: int) -> Any:
@@ -62,7 +107,7 @@ def split_microbatches(tree: Any, count: int) -> Any:
     if rows % count:
       raise ValueError(f"The batch of {rows} rows does not split into"
                        f" {count} pipeline microbatches; set"
-                       " model.pipeline_microbatches to a divisor of it.")
+                       " pipeline.microbatches to a divisor of it.")
     return jnp.reshape(x_B, (rows // count, count, *x_B.shape[1:])
                        ).swapaxes(0, 1)
 
@@ -104,7 +149,7 @@ def circular(stage_fn: Callable[[Any, Any], Any], stage_params: Any,
     raise ValueError(
         f"The circular schedule needs at least as many microbatches as"
         f" stages: {num_microbatches} microbatches < {num_stages} stages"
-        f" (with {num_repeats} repeats); set model.pipeline_microbatches to"
+        f" (with {num_repeats} repeats); set pipeline.microbatches to"
         f" {num_stages} or more, or 0 for one per stage.")
 
   def constrain(tree_S):

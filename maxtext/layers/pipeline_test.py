@@ -78,7 +78,7 @@ class PipelineTest(parameterized.TestCase):
     with self.assertRaisesRegex(
         ValueError, "needs at least as many microbatches as stages: 2"
         " microbatches < 3 stages \\(with 2 repeats\\); set"
-        " model.pipeline_microbatches to 3 or more"):
+        " pipeline.microbatches to 3 or more"):
       _piped(_params(3, 2), _inputs(), 2)
 
   def test_microbatches_interleave_rows(self):
@@ -90,7 +90,7 @@ class PipelineTest(parameterized.TestCase):
   def test_batch_must_split_into_microbatches(self):
     with self.assertRaisesRegex(
         ValueError, "batch of 6 rows does not split into 4 pipeline"
-        " microbatches; set model.pipeline_microbatches"):
+        " microbatches; set pipeline.microbatches"):
       pipeline.split_microbatches(np.zeros((6, 2)), 4)
 
 

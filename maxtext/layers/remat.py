@@ -4,7 +4,7 @@ A policy decides which activations of a decoder block the backward pass keeps
 from the forward pass and which it recomputes. Named activations are tagged
 with `jax.ad_checkpoint.checkpoint_name` in the layers (see
 `maxtext.layers.attention` and `maxtext.layers.mlp`; the names are
-`model_checks.REMAT_NAMES`).
+`REMAT_NAMES`).
 
   none                 no remat: every activation is kept (fastest, most
                        memory).
@@ -19,21 +19,77 @@ with `jax.ad_checkpoint.checkpoint_name` in the layers (see
   custom               per name: "keep" (in device memory), "offload" (saved
                        in host memory, "pinned_host", and brought back for
                        the backward pass) or "recompute" (the default), from
-                       `ModelConfig.remat_custom`. Offloading needs a backend
+                       `RematConfig.custom`. Offloading needs a backend
                        whose devices have pinned host memory (TPU, GPU; CPU
                        too with jax 0.10); otherwise an error names the
                        backend.
 
 `compiled_memory` reports the memory XLA plans for a jitted function, to
 compare policies (`temp_bytes` is what remat trades against recomputation).
+
+`RematConfig` is the `remat` config section: not architecture (a model's
+outputs and gradients do not depend on it), so it is not in `ModelConfig`.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+import dataclasses
 from typing import Any
 
 import jax
 
-from maxtext.common import model_config
+from maxtext.common import sections
+
+POLICIES = ("none", "full", "minimal", "save_dot_except_mlp",
+            "save_qkv_proj", "save_out_proj", "nothing_saveable", "custom")
+# Activations of a block tagged with `checkpoint_name` (attention, mlp), and
+# what the "custom" policy can do with each.
+REMAT_NAMES = ("query_proj", "key_proj", "value_proj", "attention_context",
+               "out_proj", "mlp_gate", "mlp_up", "mlp_hidden", "mlp_out")
+REMAT_ACTIONS = ("keep", "recompute", "offload")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RematConfig:
+  """The `remat` config section: what the backward pass of each block
+  recomputes.
+
+  Attributes:
+    policy: One of `POLICIES` (module docstring); "none" keeps every
+      activation, "custom" follows `custom`.
+    custom: For policy="custom": activation name (`REMAT_NAMES`) ->
+      "keep", "recompute" or "offload" (saved in host memory). A mapping or
+      pairs are accepted; stored as sorted (name, action) pairs without the
+      "recompute" ones (the default for unlisted names).
+  """
+
+  policy: str = "none"
+  custom: Any = ()
+
+  def __post_init__(self):
+    sections.check_choice("remat.policy", self.policy, POLICIES)
+    custom = self.custom
+    if hasattr(custom, "to_dict"):
+      custom = custom.to_dict()
+    if isinstance(custom, Mapping):
+      custom = tuple(custom.items())
+    try:
+      pairs = {name: action for name, action in custom}
+    except (TypeError, ValueError):
+      raise ValueError(f"remat.custom={self.custom!r} must map activation"
+                       " names to actions.") from None
+    for name, action in pairs.items():
+      if name not in REMAT_NAMES:
+        raise ValueError(f"remat.custom: {name!r} is not an activation name;"
+                         f" valid: {REMAT_NAMES}.")
+      if action not in REMAT_ACTIONS:
+        raise ValueError(f"remat.custom: {name!r}: {action!r} is not an"
+                         f" action; valid: {REMAT_ACTIONS}.")
+    pairs = tuple(sorted((n, a) for n, a in pairs.items()
+                         if a != "recompute"))
+    if pairs and self.policy != "custom":
+      raise ValueError(f'remat.custom={self.custom!r}: only policy="custom"'
+                       f" reads it, not remat.policy={self.policy!r}.")
+    object.__setattr__(self, "custom", pairs)
 
 _POLICIES: dict[str, Callable | None] = {
     "full": None,
@@ -62,7 +118,7 @@ def custom_policy(actions: Sequence[tuple[str, str]]) -> Callable:
     kinds = [m.kind for m in device.addressable_memories()]
     if "pinned_host" not in kinds:
       raise ValueError(
-          f"remat_custom offloads {offload}, which needs \"pinned_host\""
+          f"remat.custom offloads {offload}, which needs \"pinned_host\""
           f" memory; {device.platform} devices have {kinds}. Use \"keep\" or"
           " \"recompute\" on this backend.")
   return jax.checkpoint_policies.save_and_offload_only_these_names(
@@ -76,7 +132,7 @@ def remat(fn: Callable, policy_name: str, *, prevent_cse: bool = True,
 
   Args:
     fn: The function to rematerialise.
-    policy_name: One of `model_config.REMAT_POLICIES`.
+    policy_name: One of `POLICIES`.
     prevent_cse: Passed to `jax.checkpoint` (False inside a scan).
     custom: (name, action) pairs of the "custom" policy.
 
@@ -91,7 +147,7 @@ def remat(fn: Callable, policy_name: str, *, prevent_cse: bool = True,
     policy = _POLICIES[policy_name]
   else:
     raise ValueError(f"Unknown remat policy {policy_name!r}; valid policies:"
-                     f" {list(model_config.REMAT_POLICIES)}.")
+                     f" {list(POLICIES)}.")
   return jax.checkpoint(fn, policy=policy, prevent_cse=prevent_cse)
 
 

@@ -12,6 +12,7 @@ from flax import nnx
 from maxtext.common import axes
 from maxtext.common import layer_pattern
 from maxtext.common.model_config import ModelConfig
+from maxtext.kernels import dispatch
 from maxtext.layers import attention
 from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import mla
@@ -35,13 +36,13 @@ class Block(nnx.Module):
   post-norms), as layer kind `kind` has them."""
 
   def __init__(self, cfg: ModelConfig, kind: layer_pattern.LayerKind, *,
-               rngs: nnx.Rngs):
+               kernel: dispatch.Kernel, rngs: nnx.Rngs):
     experts = kind.experts
     cfg = kind.config(cfg)
     self.pre_attention_norm = embed_norm(cfg)
     attention_class = mla.MLA if cfg.attention_type == "mla" else (
         attention.Attention)
-    self.attention = attention_class(cfg, rngs=rngs)
+    self.attention = attention_class(cfg, kernel=kernel, rngs=rngs)
     self.post_attention_norm = embed_norm(cfg) if cfg.post_norms else None
     self.pre_mlp_norm = embed_norm(cfg)
     self.mlp = None if experts else mlp.MLP(cfg, rngs=rngs)
@@ -72,10 +73,9 @@ class Block(nnx.Module):
     return x_BLD + h_BLD, cache, aux
 
 
-def _with_remat(call_block, cfg: ModelConfig):
-  """`call_block(block, x_BLD, layer) -> (x_BLD, aux)` under
-  `cfg.remat_policy`."""
-  if cfg.remat_policy == "none":
+def _with_remat(call_block, cfg: ModelConfig, config: remat.RematConfig):
+  """`call_block(block, x_BLD, layer) -> (x_BLD, aux)` under `config`."""
+  if config.policy == "none":
     return call_block
 
   def run_block(block: Block, x_BLD: jax.Array, layer: layer_pattern.Layer):
@@ -85,23 +85,24 @@ def _with_remat(call_block, cfg: ModelConfig):
       return call_block(nnx.merge(graphdef, state), x_BLD, layer)
 
     # Inside a scan, CSE cannot merge the recomputation; skip its barrier.
-    return remat.remat(apply, cfg.remat_policy,
+    return remat.remat(apply, config.policy,
                        prevent_cse=not cfg.scan_layers,
-                       custom=cfg.remat_custom)(state, x_BLD)
+                       custom=config.custom)(state, x_BLD)
 
   return run_block
 
 
 def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
                  positions_BL: jax.Array, segment_ids_BL: jax.Array | None, *,
-                 cached: bool, page_table_BN: jax.Array | None = None):
+                 cached: bool, page_table_BN: jax.Array | None = None,
+                 remat_config: remat.RematConfig = remat.RematConfig()):
   """`run_block(block, x_BLD, layer, layer_cache) -> (x_BLD, layer_cache,
   aux)` for the layers of `pattern`, aux the block's MoE aux dict or None.
 
   With `cached`, each block reads and writes its layer's KV cache at
   `positions_BL` (a `PagedKVCache` through `page_table_BN`, which every
   layer shares); otherwise `layer_cache` is None and each block runs under
-  `cfg.remat_policy`.
+  `remat_config`.
   """
   rotaries = {}  # Built here, outside the layers' scans, once per key.
   for layer in pattern:
@@ -132,7 +133,7 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
                           segment_ids_BL=segment_ids_BL)
     return axes.constrain(x_BLD, RESIDUAL), aux
 
-  remat_block = _with_remat(call_block, cfg)
+  remat_block = _with_remat(call_block, cfg, remat_config)
 
   def run_remat_block(block, x_BLD, layer, layer_cache):
     del layer_cache  # None.

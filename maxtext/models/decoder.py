@@ -20,11 +20,15 @@ Layouts of each kind's parameters:
     stack sliced with a stride, unsliced by the scan.
   scan_layers=False: an `nnx.List` of `Block`s per kind, one per layer.
 
-Pipeline parallelism (`cfg.pipeline_stages` = S > 1, training only, a model of
-one layer kind): the stacked layers are cut into S * R chunks (R =
-`cfg.pipeline_repeats`) viewed as [S, R, layers per chunk], chunk r S + s at
+How the model runs, apart from what it is (`maxtext.models.execution`:
+attention kernel, pipeline, remat), comes as `execution=`; it changes
+neither the parameters nor the outputs.
+
+Pipeline parallelism (`execution.pipeline.stages` = S > 1, training only, a
+model of one layer kind): the stacked layers are cut into S * R chunks (R =
+`pipeline.repeats`) viewed as [S, R, layers per chunk], chunk r S + s at
 [s, r], and run as a GPipe (R = 1) or circular (R > 1) schedule over
-`cfg.pipeline_microbatches` slices of the batch (`maxtext.layers.pipeline`);
+`pipeline.microbatches` slices of the batch (`maxtext.layers.pipeline`);
 each row's positions and segment ids travel with it through the stages. The
 leading "layers" axis is sharded over the `stage` mesh axis in contiguous
 blocks, so for R = 1 the view is free; for R > 1 it moves each stage's chunks
@@ -36,8 +40,7 @@ is computed, so such layers cost about one block per distinct window: prefer
 stage and repeat counts that give every chunk the same pattern). With a KV
 cache (decoding) the layers run without the pipeline.
 
-Each block runs under the remat policy `cfg.remat_policy`
-(`maxtext.layers.remat`). The residual stream is constrained to the logical
+Each block runs under `execution.remat` (`maxtext.layers.remat`). The residual stream is constrained to the logical
 axes (batch, length, embed) at every block boundary and the logits to
 (batch, length, vocab); the constraints apply only under
 `axes.activation_sharding` (the train step sets it from the compute rules).
@@ -102,6 +105,7 @@ from maxtext.layers import moe
 from maxtext.layers import rope
 from maxtext.layers import vocab_parallel
 from maxtext.models import block as block_lib
+from maxtext.models import execution as execution_lib
 from maxtext.models import layer_stack
 from maxtext.models import mtp
 
@@ -121,15 +125,20 @@ def _capturing(module: nnx.Module) -> bool:
 class Decoder(nnx.Module):
   """Decoder-only transformer returning float32 logits [B, L, V]."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs,
+               execution: execution_lib.Execution = execution_lib.Execution()):
+    """Raises ValueError when `cfg` cannot run under `execution`."""
+    execution.check(cfg)
     self.cfg = cfg
+    self.execution = execution
     self.embedder = embedding.Embedder(
         cfg.vocab_size, cfg.embed_dim, scale_by_sqrt_dim=cfg.scale_embeddings,
         dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
     self.pattern = layer_pattern.layers(cfg)
     for kind, count in layer_pattern.kind_counts(cfg).items():  # A stack each.
       setattr(self, kind.name,
-              layer_stack.make_blocks(cfg, kind, count, rngs))
+              layer_stack.make_blocks(cfg, kind, count,
+                                      execution.attention_kernel, rngs))
     self.final_norm = block_lib.embed_norm(cfg)
     if cfg.tie_embeddings:
       self.head = None
@@ -141,7 +150,7 @@ class Decoder(nnx.Module):
     self.mtp = nnx.List([
         mtp.MTP(cfg, block_lib.Block(
             cfg, layer_pattern.LayerKind("blocks", cfg.num_experts > 0),
-            rngs=rngs), rngs=rngs)
+            kernel=execution.attention_kernel, rngs=rngs), rngs=rngs)
         for _ in range(cfg.mtp_layers)
     ]) if cfg.mtp_layers else None
 
@@ -204,15 +213,16 @@ class Decoder(nnx.Module):
       positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]),
                                       tokens_BL.shape)
     x_BLD = axes.constrain(self.embedder(tokens_BL), block_lib.RESIDUAL)
-    if cfg.pipeline_stages > 1 and cache is None:
-      x_BLD = layer_stack.pipeline_blocks(cfg, self.blocks, x_BLD,
-                                          positions_BL, segment_ids_BL,
+    if self.execution.pipeline.stages > 1 and cache is None:
+      x_BLD = layer_stack.pipeline_blocks(cfg, self.execution, self.blocks,
+                                          x_BLD, positions_BL, segment_ids_BL,
                                           self.pattern)
     else:
       run_block = block_lib.block_runner(cfg, self.pattern, positions_BL,
                                          segment_ids_BL,
                                          cached=cache is not None,
-                                         page_table_BN=page_table_BN)
+                                         page_table_BN=page_table_BN,
+                                         remat_config=self.execution.remat)
       x_BLD, cache, auxes = layer_stack.run_layers(
           cfg, self._stacks(), self.pattern, x_BLD, run_block, cache)
       expert_auxes = [auxes[name] for name in self._expert_kinds()]

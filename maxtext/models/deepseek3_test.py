@@ -19,9 +19,11 @@ import numpy as np
 from configs import common
 from configs import deepseek3 as deepseek3_config
 from maxtext.common.model_config import ModelConfig
+from maxtext.kernels import dispatch
 from maxtext.layers import rope
 from maxtext.metrics import flops
 from maxtext.models import deepseek3
+from maxtext.models import execution
 from maxtext.models import registry
 from maxtext.optim import optimizer
 from maxtext.sharding import mesh as mesh_lib
@@ -138,14 +140,16 @@ def _train_state(mtp_loss_weight: float):
   cfg = dataclasses.replace(
       ModelConfig.from_dict(config.model), vocab_size=64, embed_dim=32,
       mlp_dim=32, scan_layers=False, mtp_layers=2,
-      mtp_loss_weight=mtp_loss_weight, attention_impl="reference")
+      mtp_loss_weight=mtp_loss_weight)
   opt_config = optimizer.OptimizerConfig(**config.optimizer.to_dict())
   mesh = mesh_lib.make_mesh(
       mesh_lib.MeshConfig(ici=mesh_lib.AxisSizes(data=1)), jax.devices()[:1])
   rules = rules_lib.LogicalRules.from_config(
       mesh, rules_lib.ShardingConfig(**common.sharding_defaults()))
   return train_state_lib.create_train_state(
-      cfg, seed=0, tx=optimizer.make_optimizer(opt_config, total_steps=10),
+      cfg, execution=execution.Execution(
+          attention_kernel=dispatch.Kernel(impl="reference")),
+      seed=0, tx=optimizer.make_optimizer(opt_config, total_steps=10),
       schedule=optimizer.learning_rate_schedule(opt_config, total_steps=10),
       z_loss=0.0, mesh=mesh, rules=rules)
 

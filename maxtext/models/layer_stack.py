@@ -15,23 +15,25 @@ from flax import nnx
 from maxtext.common import axes
 from maxtext.common import layer_pattern
 from maxtext.common.model_config import ModelConfig
+from maxtext.kernels import dispatch
 from maxtext.layers import pipeline
 from maxtext.models import block as block_lib
+from maxtext.models import execution as execution_lib
 
 
 def make_blocks(cfg: ModelConfig, kind: layer_pattern.LayerKind, count: int,
-                rngs: nnx.Rngs):
-  """`count` blocks of `kind`: stacked over layers (scan_layers) or an
-  `nnx.List`."""
+                kernel: dispatch.Kernel, rngs: nnx.Rngs):
+  """`count` blocks of `kind` attending with `kernel`: stacked over layers
+  (scan_layers) or an `nnx.List`."""
   if not cfg.scan_layers:
-    return nnx.List([block_lib.Block(cfg, kind, rngs=rngs)
+    return nnx.List([block_lib.Block(cfg, kind, kernel=kernel, rngs=rngs)
                      for _ in range(count)])
 
   @nnx.split_rngs(splits=count)
   @nnx.vmap(axis_size=count,
             transform_metadata={nnx.PARTITION_NAME: axes.LAYERS})
   def stacked_blocks(rngs: nnx.Rngs) -> block_lib.Block:
-    return block_lib.Block(cfg, kind, rngs=rngs)
+    return block_lib.Block(cfg, kind, kernel=kernel, rngs=rngs)
 
   return stacked_blocks(rngs)
 
@@ -118,13 +120,14 @@ def scan_layers(graphdefs, states, pattern, x_BLD, run_block, caches):
   return x_BLD, None if caches is None else new_caches, auxes
 
 
-def pipeline_blocks(cfg: ModelConfig, blocks, x_BLD, positions_BL,
-                    segment_ids_BL, pattern):
+def pipeline_blocks(cfg: ModelConfig, execution: execution_lib.Execution,
+                    blocks, x_BLD, positions_BL, segment_ids_BL, pattern):
   """Stacked `blocks` (the one layer kind of `pattern`) as a pipeline of
-  `cfg.pipeline_stages` stages, each passed `cfg.pipeline_repeats` times
-  (`pipeline.circular`); see the module docstring of
-  `maxtext.models.decoder`."""
-  stages, repeats = cfg.pipeline_stages, cfg.pipeline_repeats
+  `execution.pipeline.stages` stages, each passed `.repeats` times
+  (`pipeline.circular`), blocks under `execution.remat`; see the module
+  docstring of `maxtext.models.decoder`."""
+  stages = execution.pipeline.stages
+  repeats = execution.pipeline.repeats
   chunk = cfg.num_layers // (stages * repeats)
   graphdef, stacked = nnx.split(blocks)
   stage_state = _chunks_by_stage(stacked, stages, repeats)
@@ -143,7 +146,8 @@ def pipeline_blocks(cfg: ModelConfig, blocks, x_BLD, positions_BL,
     state, layer_ids_C = params
     x_BLD, positions_BL, segment_ids_BL = microbatch
     run_block = block_lib.block_runner(cfg, distinct, positions_BL,
-                                       segment_ids_BL, cached=False)
+                                       segment_ids_BL, cached=False,
+                                       remat_config=execution.remat)
     if layer_ids_C is None:
       x_BLD, _, _ = scan_layers({name: graphdef}, {name: state}, chunk_pattern,
                                 x_BLD, run_block, None)
@@ -156,7 +160,7 @@ def pipeline_blocks(cfg: ModelConfig, blocks, x_BLD, positions_BL,
       x_BLD, _ = jax.lax.scan(layer_step, x_BLD, (state, layer_ids_C))
     return x_BLD, positions_BL, segment_ids_BL
 
-  microbatches = cfg.pipeline_microbatches or stages
+  microbatches = execution.pipeline.microbatches or stages
   inputs = pipeline.split_microbatches(
       (x_BLD, positions_BL, segment_ids_BL), microbatches)
   row_names = (axes.BATCH, axes.LENGTH)

@@ -1,7 +1,8 @@
 """Model families by name: `create_model(cfg, rngs=...)` for any family.
 
 A family is a module in `maxtext/models/` that exposes:
-  MODEL_CLASS: the `nnx.Module` class built as `MODEL_CLASS(cfg, rngs=rngs)`.
+  MODEL_CLASS: the `nnx.Module` class built as
+    `MODEL_CLASS(cfg, rngs=rngs, execution=execution)`.
   model_config_from_hf(hf_config: dict) -> ModelConfig.
   HF_PARAMS: `maxtext.models.hf_weights.ParamMap` entries for the
     Hugging Face checkpoint layout.
@@ -17,6 +18,7 @@ from flax import nnx
 
 from maxtext.common.model_config import ModelConfig
 from maxtext.models import deepseek3
+from maxtext.models import execution as execution_lib
 from maxtext.models import gemma
 from maxtext.models import gemma2
 from maxtext.models import gemma3
@@ -101,6 +103,10 @@ def family_module(family: str) -> types.ModuleType:
   return FAMILIES[family]
 
 
-def create_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
-  """Builds the model of `cfg.family` with freshly initialised parameters."""
-  return family_module(cfg.family).MODEL_CLASS(cfg, rngs=rngs)
+def create_model(cfg: ModelConfig, *, rngs: nnx.Rngs,
+                 execution: execution_lib.Execution = execution_lib.Execution()
+                 ) -> nnx.Module:
+  """Builds the model of `cfg.family` with freshly initialised parameters,
+  to run under `execution` (attention kernel, pipeline, remat)."""
+  return family_module(cfg.family).MODEL_CLASS(cfg, rngs=rngs,
+                                               execution=execution)

@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import gemma3
-from maxtext.common import model_config
 from maxtext.common.model_config import ModelConfig
 from maxtext.layers import remat
+from maxtext.models import execution
 from maxtext.models import registry
 
 
@@ -26,20 +26,23 @@ _CUSTOM = (("mlp_hidden", "keep"), ("out_proj", "offload"),
            ("query_proj", "offload"))
 
 
-def _config(policy: str, scan_layers: bool, custom=(), **sizes) -> ModelConfig:
+def _config(policy: str, scan_layers: bool, custom=(), **sizes
+            ) -> tuple[ModelConfig, remat.RematConfig]:
   values = gemma3.get_config().model.to_dict()
   values.update(vocab_size=64, num_layers=2, embed_dim=16, mlp_dim=32,
                 num_heads=2, num_kv_heads=1, head_dim=8,
                 query_pre_attn_scalar=8.0, sliding_window=4,
-                global_layer_interval=2, remat_policy=policy,
-                scan_layers=scan_layers, remat_custom=dict(custom))
+                global_layer_interval=2, scan_layers=scan_layers)
   values.update(sizes)
-  return ModelConfig(**values)
+  return ModelConfig(**values), remat.RematConfig(policy=policy,
+                                                  custom=dict(custom))
 
 
-def _grad_fn(cfg: ModelConfig, tokens):
+def _grad_fn(cfg: ModelConfig, remat_config: remat.RematConfig, tokens):
   """(value_and_grad of a loss over the parameters, the parameters)."""
-  graphdef, params = nnx.split(registry.create_model(cfg, rngs=nnx.Rngs(0)))
+  graphdef, params = nnx.split(registry.create_model(
+      cfg, rngs=nnx.Rngs(0),
+      execution=execution.Execution(remat=remat_config)))
 
   def loss_fn(params):
     logits = nnx.merge(graphdef, params)(tokens)
@@ -52,13 +55,13 @@ def _grad_fn(cfg: ModelConfig, tokens):
 def _loss_and_grads(policy: str, scan_layers: bool, custom=()):
   tokens = jnp.asarray(
       np.random.default_rng(0).integers(0, 64, size=(2, 8)), jnp.int32)
-  grad_fn, params = _grad_fn(_config(policy, scan_layers, custom), tokens)
+  grad_fn, params = _grad_fn(*_config(policy, scan_layers, custom), tokens)
   return jax.jit(grad_fn)(params)
 
 
 class RematTest(parameterized.TestCase):
 
-  @parameterized.product(policy=model_config.REMAT_POLICIES[1:],
+  @parameterized.product(policy=remat.POLICIES[1:],
                          scan_layers=(True, False))
   def test_policy_matches_no_remat(self, policy, scan_layers):
     want_loss, want_grads = _loss_and_grads("none", scan_layers)
@@ -78,10 +81,10 @@ class RematTest(parameterized.TestCase):
                  grads, want_grads)
 
   def test_custom_config_is_normalised_and_checked(self):
-    cfg = _config("custom", True, {"out_proj": "offload",
-                                   "mlp_up": "recompute",
-                                   "key_proj": "keep"})
-    self.assertEqual(cfg.remat_custom,
+    _, remat_config = _config("custom", True, {"out_proj": "offload",
+                                               "mlp_up": "recompute",
+                                               "key_proj": "keep"})
+    self.assertEqual(remat_config.custom,
                      (("key_proj", "keep"), ("out_proj", "offload")))
     with self.assertRaisesRegex(ValueError, "'mlp' is not an activation"
                                 " name; valid: .*'mlp_hidden'"):
@@ -89,8 +92,8 @@ class RematTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "'mlp_out': 'save' is not an"
                                 " action; valid: .*'offload'"):
       _config("custom", True, {"mlp_out": "save"})
-    with self.assertRaisesRegex(ValueError, 'only remat_policy="custom"'
-                                " reads it, not 'full'"):
+    with self.assertRaisesRegex(ValueError, 'only policy="custom" reads it,'
+                                " not remat.policy='full'"):
       _config("full", True, {"mlp_out": "keep"})
 
   def test_offload_names_a_backend_without_pinned_host_memory(self):
@@ -110,23 +113,23 @@ class RematTest(parameterized.TestCase):
     tokens = jnp.zeros((4, 128), jnp.int32)
     temp = {}
     for policy in ("none", "full"):
-      cfg = _config(policy, True, num_layers=4, embed_dim=64, mlp_dim=256,
-                    num_heads=4, num_kv_heads=2, head_dim=16,
-                    query_pre_attn_scalar=16.0)
-      temp[policy] = remat.compiled_memory(*_grad_fn(cfg, tokens))[
+      configs = _config(policy, True, num_layers=4, embed_dim=64, mlp_dim=256,
+                        num_heads=4, num_kv_heads=2, head_dim=16,
+                        query_pre_attn_scalar=16.0)
+      temp[policy] = remat.compiled_memory(*_grad_fn(*configs, tokens))[
           "temp_bytes"]
     self.assertLess(temp["full"], temp["none"])
 
   def test_unknown_policy_lists_the_valid_ones(self):
-    with self.assertRaisesRegex(ValueError, r"remat_policy='some'.*"
-                                r"'save_qkv_proj'"):
+    with self.assertRaisesRegex(ValueError, r"remat.policy='some' is invalid;"
+                                r" valid values: .*'save_qkv_proj'"):
       _config("some", True)
     with self.assertRaisesRegex(ValueError, r"Unknown remat policy 'some'; "
                                 r"valid policies: \['none', 'full'"):
       remat.remat(lambda x: x, "some")
 
   def test_policy_table_covers_the_config_names(self):
-    for policy in model_config.REMAT_POLICIES:
+    for policy in remat.POLICIES:
       self.assertTrue(callable(remat.remat(jnp.sin, policy)))
 
 

@@ -30,6 +30,8 @@ import qwix
 from maxtext.checkpoint import hf_convert
 from maxtext.checkpoint import params_checkpoint
 from maxtext.common.model_config import ModelConfig
+from maxtext.layers import remat
+from maxtext.models import execution as execution_lib
 from maxtext.posttrain import adapter
 from maxtext.posttrain import lora as lora_lib
 from maxtext.sharding import rules as rules_lib
@@ -107,7 +109,9 @@ def _to_mesh_axes(model: nnx.Module,
 
 def load_model(path: str, *, lora: lora_lib.LoraConfig | None = None,
                quantize: str = "", seed: int = 0,
-               rules: rules_lib.LogicalRules | None = None) -> LoadedModel:
+               rules: rules_lib.LogicalRules | None = None,
+               execution: execution_lib.Execution = execution_lib.Execution()
+               ) -> LoadedModel:
   """The model of checkpoint `path`, ready to train or to serve a trainer.
 
   Args:
@@ -117,6 +121,7 @@ def load_model(path: str, *, lora: lora_lib.LoraConfig | None = None,
       (a frozen teacher); "" keeps float weights.
     seed: Initialises the adapters.
     rules: Places the parameters and constrains activations on the mesh.
+    execution: How the model runs (attention kernel, remat).
 
   Raises:
     params_checkpoint.ParamsCheckpointError: the checkpoint cannot be read.
@@ -131,8 +136,8 @@ def load_model(path: str, *, lora: lora_lib.LoraConfig | None = None,
     # qwix creates its variables on a first call, which must see the layer
     # modules themselves (no remat around them).
     model = params_checkpoint.model_from_params(
-        dataclasses.replace(cfg, remat_policy="none", remat_custom=()),
-        params)
+        cfg, params, dataclasses.replace(execution,
+                                         remat=remat.RematConfig()))
     _to_mesh_axes(model, rules)
     example = jnp.zeros((1, 8), jnp.int32)
     if adapted:
@@ -142,9 +147,9 @@ def load_model(path: str, *, lora: lora_lib.LoraConfig | None = None,
       model = qwix.quantize_model(model, qwix.PtqProvider(
           [qwix.QuantizationRule(module_path=lora_lib.DEFAULT_MODULE_PATH,
                                  weight_qtype=quantize)]), example)
-    model.cfg = cfg
+    model.execution = execution
   else:
-    model = params_checkpoint.model_from_params(cfg, params)
+    model = params_checkpoint.model_from_params(cfg, params, execution)
     _to_mesh_axes(model, rules)
   return LoadedModel(model=adapter.TunixModel(model, rules), cfg=cfg,
                      checkpoint_cfg=checkpoint_cfg, path=path)

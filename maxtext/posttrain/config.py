@@ -7,9 +7,11 @@ with the closest valid one, mistyped values with the type they need, the
 user's paths resolved). The model comes
 from the checkpoint `train.load`, so there is no model section; the shared
 sections reuse the pre-training dataclasses (`data`, `optimizer`, `mesh`,
-`sharding`), the rest are defined here or next to their code (`lora`,
-`distill`). Sections, in order: data, optimizer, train, lora, mesh, sharding,
-export, logging, plus the method's own: `sft` (methods sft and distill:
+`sharding`, and how the model runs: `attention_kernel` and `remat`, see
+`maxtext.models.execution`), the rest are defined here or next to their
+code (`lora`, `distill`). Sections, in order: attention_kernel, remat, data,
+optimizer, train, lora, mesh, sharding, export, logging, plus the method's
+own: `sft` (methods sft and distill:
 prompt/completion columns), `dpo` (dpo, orpo), `distill` (distill).
 """
 
@@ -20,6 +22,9 @@ from typing import Any
 from maxtext.common import paths
 from maxtext.common import sections
 from maxtext.data.data_config import DataConfig
+from maxtext.kernels.dispatch import Kernel
+from maxtext.layers.remat import RematConfig
+from maxtext.models.execution import Execution
 from maxtext.optim.optimizer import OptimizerConfig
 from maxtext.posttrain.lora import LoraConfig
 from maxtext.sharding.mesh import MeshConfig
@@ -258,6 +263,8 @@ class PosttrainLoggingConfig:
 
 
 COMMON_SECTIONS = {
+    "attention_kernel": Kernel,
+    "remat": RematConfig,
     "data": DataConfig,
     "optimizer": OptimizerConfig,
     "train": PosttrainTrainConfig,
@@ -289,6 +296,8 @@ class PosttrainConfig:
   sharding: ShardingConfig
   export: ExportConfig
   logging: PosttrainLoggingConfig
+  attention_kernel: Kernel = Kernel()
+  remat: RematConfig = RematConfig()
   sft: SftConfig | None = None
   dpo: DpoConfig | None = None
   distill: DistillConfig | None = None
@@ -313,3 +322,9 @@ class PosttrainConfig:
       raise ValueError("optimizer.z_loss must be 0 in post-training (the"
                        " Tunix losses have no z-loss term).")
     return cls(**built)
+
+  @property
+  def execution(self) -> Execution:
+    """How the models run (post-training does not pipeline)."""
+    return Execution(attention_kernel=self.attention_kernel,
+                     remat=self.remat)

@@ -42,6 +42,7 @@ from tunix.sft import metrics_logger
 
 from maxtext.common import layer_pattern
 from maxtext.data import pipeline
+from maxtext.layers import remat
 from maxtext.posttrain import base_model
 from maxtext.posttrain import runtime as runtime_lib
 from maxtext.posttrain import sft
@@ -113,8 +114,8 @@ def _capture(model: nnx.Module, layers: list[int]) -> None:
     group, index = _block_slot(model.model, layer)
     blocks = getattr(model.model, group)
     blocks[index] = feature_extraction.SowedModule(blocks[index])
-  model.model.cfg = dataclasses.replace(model.model.cfg, remat_policy="none",
-                                        remat_custom=())
+  model.model.execution = dataclasses.replace(model.model.execution,
+                                              remat=remat.RematConfig())
 
 
 def _forward_fn(layers: list[int]):
@@ -259,10 +260,12 @@ def run_distill(config: PosttrainConfig,
   data = sft.data_config(config, workdir)
   rows = config.train.rows
   student = base_model.load_model(config.train.load, lora=config.lora,
-                                  seed=config.train.seed, rules=runtime.rules)
+                                  seed=config.train.seed, rules=runtime.rules,
+                                  execution=config.execution)
   teacher = base_model.load_model(config.distill.teacher,
                                   quantize=config.distill.teacher_qtype,
-                                  rules=runtime.rules)
+                                  rules=runtime.rules,
+                                  execution=config.execution)
   _check_models(student, teacher, config.distill)
   train_data = pipeline.make_train_pipeline(
       data, batch_size=rows, vocab_size=student.cfg.vocab_size)

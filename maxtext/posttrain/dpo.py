@@ -37,11 +37,13 @@ def run_dpo(config: PosttrainConfig, workdir: str) -> runtime_lib.RunResult:
                                    kind=data.eval_kind()),
         rows, data.eval_steps)
   loaded = base_model.load_model(config.train.load, lora=config.lora,
-                                 seed=config.train.seed, rules=runtime.rules)
+                                 seed=config.train.seed, rules=runtime.rules,
+                                 execution=config.execution)
   reference = None
   if method == "dpo" and dpo.reference == "initial":
     reference = base_model.load_model(config.train.load,
-                                      rules=runtime.rules).model
+                                      rules=runtime.rules,
+                                      execution=config.execution).model
   length = dpo.max_prompt_length + dpo.max_response_length
   with runtime.activate():
     trainer = dpo_trainer.DPOTrainer(

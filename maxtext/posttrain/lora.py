@@ -118,7 +118,7 @@ def apply_lora(model: nnx.Module, config: LoraConfig, *, seed: int,
 
   Args:
     model: An unscanned model (`scan_layers=False`) of our registry, with
-      `remat_policy="none"` while adapters are created.
+      no remat (`execution.remat`) while adapters are created.
     config: Its `lora` section, mode "lora" or "qlora".
     seed: Initialises the A matrices.
     example_tokens: Token ids [B, L] to trace the model once with.

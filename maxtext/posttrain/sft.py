@@ -139,7 +139,8 @@ def run_sft(config: PosttrainConfig,
   data = data_config(config, workdir)
   rows = config.train.rows
   loaded = base_model.load_model(config.train.load, lora=config.lora,
-                                 seed=config.train.seed, rules=runtime.rules)
+                                 seed=config.train.seed, rules=runtime.rules,
+                                 execution=config.execution)
   vocab_size = loaded.cfg.vocab_size
   with runtime.activate():
     train_data = pipeline.make_train_pipeline(

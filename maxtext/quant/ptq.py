@@ -59,14 +59,14 @@ def quantize_for_decode(model: nnx.Module, config: PtqConfig) -> nnx.Module:
 
   Raises:
     ValueError: `model` has scanned layers or recomputes activations
-      (`remat_policy`), or `config.module_path` matches no matmul of it.
+      (`remat.policy`), or `config.module_path` matches no matmul of it.
   """
-  cfg = model.cfg
-  if cfg.scan_layers or cfg.remat_policy != "none":
+  cfg, policy = model.cfg, model.execution.remat.policy
+  if cfg.scan_layers or policy != "none":
     raise ValueError(
         f"PTQ needs an unscanned model without remat (model.scan_layers="
-        f"{cfg.scan_layers}, remat_policy={cfg.remat_policy!r}; want False,"
-        " 'none'); convert scanned parameters with"
+        f"{cfg.scan_layers}, remat.policy={policy!r}; want False, 'none');"
+        " convert scanned parameters with"
         " maxtext.posttrain.base_model.unstack_layers.")
   provider = qwix.PtqProvider([qwix.QuantizationRule(
       module_path=config.module_path, weight_qtype=config.qtype)])

@@ -110,7 +110,7 @@ class PtqTest(parameterized.TestCase):
                                 r" valid: \['int8'\]"):
       ptq.PtqConfig(qtype="int4")
     with self.assertRaisesRegex(ValueError, "needs an unscanned model"
-                                r".*scan_layers=True, remat_policy='none'"):
+                                r".*scan_layers=True, remat.policy='none'"):
       ptq.quantize_for_decode(_model("llama3", scan_layers=True),
                               ptq.PtqConfig())
     with self.assertRaisesRegex(ValueError, "module_path='nothing' matches"

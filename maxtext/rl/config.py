@@ -19,6 +19,9 @@ from maxtext.common import paths
 from maxtext.common import sections
 from maxtext.common.model_config import ModelConfig
 from maxtext.data import chat_template as chat_lib
+from maxtext.kernels.dispatch import Kernel
+from maxtext.layers.remat import RematConfig
+from maxtext.models.execution import Execution
 from maxtext.optim.optimizer import OptimizerConfig
 from maxtext.posttrain.config import ExportConfig
 from maxtext.posttrain.config import PosttrainLoggingConfig
@@ -227,6 +230,8 @@ class RolloutConfig:
 
 
 SECTIONS = {
+    "attention_kernel": Kernel,
+    "remat": RematConfig,
     "data": RlDataConfig,
     "optimizer": OptimizerConfig,
     "train": RlTrainConfig,
@@ -254,6 +259,8 @@ class RlRunConfig:
   sharding: ShardingConfig
   export: ExportConfig
   logging: PosttrainLoggingConfig
+  attention_kernel: Kernel = Kernel()
+  remat: RematConfig = RematConfig()
   model: ModelConfig | None = None
 
   @classmethod
@@ -277,4 +284,12 @@ class RlRunConfig:
                          " (--load=DIR) or a model to start from scratch.")
       built["model"] = sections.build_section("model", ModelConfig,
                                               config["model"])
+      Execution(attention_kernel=built["attention_kernel"],
+                remat=built["remat"]).check(built["model"])
     return cls(**built)
+
+  @property
+  def execution(self) -> Execution:
+    """How the policy and reference models run (RL does not pipeline)."""
+    return Execution(attention_kernel=self.attention_kernel,
+                     remat=self.remat)

@@ -290,11 +290,13 @@ def make_learner(config: RlRunConfig, workdir: str, *, load: str,
   reference when `rl.beta` > 0, rollout engine, rewards and metrics), and
   the loaded policy model."""
   loaded = base_model.load_model(load, lora=config.lora,
-                                 seed=config.train.seed, rules=runtime.rules)
+                                 seed=config.train.seed, rules=runtime.rules,
+                                 execution=config.execution)
   reference = None
   if config.rl.beta:
     reference = policy_lib.PolicyModel.of(
-        base_model.load_model(load, rules=runtime.rules).model)
+        base_model.load_model(load, rules=runtime.rules,
+                              execution=config.execution).model)
   r = config.rollout
   training = runtime_lib.training_config(
       config, workdir, runtime, r.max_prompt_length + r.max_new_tokens,

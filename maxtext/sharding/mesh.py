@@ -9,7 +9,7 @@ Mesh axes, outermost first (`AXES`):
   expert          expert parallel (no MoE layer yet: the default rules use it
                   as one more batch axis),
   stage           pipeline stages (`maxtext.layers.pipeline`); its size must
-                  equal `model.pipeline_stages`.
+                  equal `pipeline.stages`.
 
 Each axis has an ICI size (devices within a slice) and a DCN size (slices);
 the mesh axis is their product, DCN outermost. `-1` means "the rest", at most

@@ -16,6 +16,10 @@ from maxtext.checkpoint.checkpoint_config import CheckpointConfig
 from maxtext.common import sections
 from maxtext.common.model_config import ModelConfig
 from maxtext.data.data_config import DataConfig
+from maxtext.kernels.dispatch import Kernel
+from maxtext.layers.pipeline import PipelineConfig
+from maxtext.layers.remat import RematConfig
+from maxtext.models import execution as execution_lib
 from maxtext.optim.optimizer import OptimizerConfig
 from maxtext.quant.qat import QatConfig
 from maxtext.sharding.mesh import MeshConfig
@@ -97,6 +101,7 @@ class LoggingConfig:
 
 SECTIONS = {
     "model": ModelConfig,
+    **execution_lib.SECTIONS,
     "qat": QatConfig,
     "data": DataConfig,
     "optimizer": OptimizerConfig,
@@ -110,9 +115,13 @@ SECTIONS = {
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ExperimentConfig:
-  """Every section of an experiment, typed."""
+  """Every section of an experiment, typed; the model and its execution
+  sections checked together."""
 
   model: ModelConfig
+  attention_kernel: Kernel
+  pipeline: PipelineConfig
+  remat: RematConfig
   qat: QatConfig
   data: DataConfig
   optimizer: OptimizerConfig
@@ -131,3 +140,12 @@ class ExperimentConfig:
         invalid; the message names it.
     """
     return cls(**sections.build_sections(config, SECTIONS))
+
+  def __post_init__(self):
+    self.execution.check(self.model)
+
+  @property
+  def execution(self) -> execution_lib.Execution:
+    """How the model runs (its execution sections)."""
+    return execution_lib.Execution(attention_kernel=self.attention_kernel,
+                                   pipeline=self.pipeline, remat=self.remat)

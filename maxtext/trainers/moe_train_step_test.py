@@ -59,7 +59,9 @@ from configs import mixtral
 from maxtext.common import axes
 from maxtext.layers import moe
 from maxtext.layers import moe_experts
+from maxtext.layers import remat
 from maxtext.models import decoder
+from maxtext.models import execution
 from maxtext.optim import optimizer
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
@@ -73,9 +75,10 @@ _RTOL = 1e-4
 _ATOL = 1e-5
 
 
-def _state(ici, devices, family="mixtral", microbatches=1, **model_changes):
+def _state(ici, devices, family="mixtral", microbatches=1,
+           remat_policy="none", **model_changes):
   """A tiny Mixtral (or `family`) with 4 experts (2 layers) on a mesh of
-  `devices`."""
+  `devices`, its blocks under `remat_policy`."""
   config = mixtral.get_config()
   opt_config = optimizer.OptimizerConfig(**{
       **config.optimizer.to_dict(), "learning_rate": 1e-2,
@@ -88,7 +91,8 @@ def _state(ici, devices, family="mixtral", microbatches=1, **model_changes):
       tiny_configs.tiny_model_config(family, window=4, num_layers=2),
       **{"num_experts": 4, **model_changes})
   return train_state_lib.create_train_state(
-      model_config, seed=0,
+      model_config, seed=0, execution=execution.Execution(
+          remat=remat.RematConfig(policy=remat_policy)),
       tx=optimizer.make_optimizer(opt_config, total_steps=10),
       schedule=optimizer.learning_rate_schedule(opt_config, total_steps=10),
       z_loss=0.0, mesh=mesh, rules=rules, microbatches=microbatches)

@@ -22,6 +22,8 @@ import numpy as np
 from configs import common
 from configs import gemma3
 from maxtext.common.model_config import ModelConfig
+from maxtext.layers import pipeline
+from maxtext.models import execution
 from maxtext.optim import optimizer
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
@@ -44,7 +46,9 @@ def _model_config(**overrides) -> ModelConfig:
 
 
 def _state(ici: dict[str, int], devices, microbatches: int = 1,
-           model_config: ModelConfig | None = None, **sharding_options):
+           model_config: ModelConfig | None = None,
+           pipeline_config: pipeline.PipelineConfig = pipeline.PipelineConfig(),
+           **sharding_options):
   opt_values = gemma3.get_config().optimizer.to_dict()
   opt_values.update(learning_rate=1e-2, warmup_steps=1, z_loss=1e-3)
   opt_config = optimizer.OptimizerConfig(**opt_values)
@@ -54,7 +58,8 @@ def _state(ici: dict[str, int], devices, microbatches: int = 1,
       mesh, rules_lib.ShardingConfig(**{**common.sharding_defaults(),
                                         **sharding_options}))
   return train_state_lib.create_train_state(
-      model_config or _model_config(), seed=0,
+      model_config or _model_config(),
+      execution=execution.Execution(pipeline=pipeline_config), seed=0,
       tx=optimizer.make_optimizer(opt_config, total_steps=10),
       schedule=optimizer.learning_rate_schedule(opt_config, total_steps=10),
       z_loss=opt_config.z_loss, mesh=mesh, rules=rules,
@@ -158,9 +163,10 @@ class ParallelismTest(parameterized.TestCase):
   )
   def test_pipeline_equals_single_device(self, ici, pipeline_microbatches):
     want_loss, want_grads, want_params = _single_device_pipeline_reference()
-    state = _state(ici, jax.devices(), model_config=_model_config(
-        num_layers=4, pipeline_stages=2,
-        pipeline_microbatches=pipeline_microbatches))
+    state = _state(ici, jax.devices(),
+                   model_config=_model_config(num_layers=4),
+                   pipeline_config=pipeline.PipelineConfig(
+                       stages=2, microbatches=pipeline_microbatches))
     # Each stage's devices hold only its two layers.
     kernel = state.params["blocks"]["mlp"]["up"]["kernel"]
     self.assertEqual(kernel.sharding.spec[0], "stage")
@@ -175,8 +181,8 @@ class ParallelismTest(parameterized.TestCase):
 
   def test_pipeline_stages_must_match_the_mesh(self):
     with self.assertRaisesRegex(
-        ValueError, r"model.pipeline_stages=1 must equal the size of the"
-        r" 'stage' mesh axis, 2"):
+        ValueError, r"pipeline.stages=1 must equal the size of the 'stage'"
+        r" mesh axis, 2"):
       _state({"data": 4, "stage": 2}, jax.devices(),
              model_config=_model_config(num_layers=4))
 

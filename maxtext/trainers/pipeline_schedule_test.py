@@ -22,6 +22,8 @@ from configs import common
 from configs import gemma3
 from configs import llama3
 from maxtext.common.model_config import ModelConfig
+from maxtext.layers import pipeline
+from maxtext.models import execution
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
 from maxtext.trainers import train_state as train_state_lib
@@ -53,14 +55,16 @@ def _model_config(family: str, **overrides) -> ModelConfig:
   return ModelConfig(**values)
 
 
-def _state(model_config: ModelConfig, ici: dict[str, int], devices):
+def _state(model_config: ModelConfig, ici: dict[str, int], devices,
+           pipeline_config: pipeline.PipelineConfig = pipeline.PipelineConfig()):
   mesh = mesh_lib.make_mesh(
       mesh_lib.MeshConfig(ici=mesh_lib.AxisSizes(**ici)), devices)
   rules = rules_lib.LogicalRules.from_config(
       mesh, rules_lib.ShardingConfig(**common.sharding_defaults()))
   # No update is taken: the optimizer plays no part.
   return train_state_lib.create_train_state(
-      model_config, seed=0, tx=optax.identity(),
+      model_config, execution=execution.Execution(pipeline=pipeline_config),
+      seed=0, tx=optax.identity(),
       schedule=optax.constant_schedule(0.0), z_loss=0.0, mesh=mesh,
       rules=rules)
 
@@ -129,10 +133,10 @@ class PipelineScheduleTest(parameterized.TestCase):
   def test_pipeline_equals_single_device(self, family, layers, stages,
                                          repeats, microbatches, ici):
     want_loss, want_grads = _single_device(family, layers)
-    state = _state(_model_config(
-        family, num_layers=layers, pipeline_stages=stages,
-        pipeline_repeats=repeats, pipeline_microbatches=microbatches),
-                   {"data": 1, **ici}, jax.devices())
+    state = _state(_model_config(family, num_layers=layers),
+                   {"data": 1, **ici}, jax.devices(),
+                   pipeline.PipelineConfig(stages=stages, repeats=repeats,
+                                           microbatches=microbatches))
     batch = _batch(state)
     compiled = _compiled_loss_and_grads(state, batch)
     loss, grads = compiled(state, batch)

@@ -27,8 +27,9 @@ class StepInputs:
 
   Attributes:
     rules: Parameter and compute layouts on the mesh.
-    state_args: Keyword arguments of `create_train_state` (optimizer with
-      its update guard, schedule, mesh, rules, microbatches, QAT).
+    state_args: Keyword arguments of `create_train_state` (execution,
+      optimizer with its update guard, schedule, mesh, rules, microbatches,
+      QAT).
     abstract_state: The sharded state as `jax.ShapeDtypeStruct`s.
     batch_sharding: Layout of a [B, L] batch array.
     batch_specs: The batch as `jax.ShapeDtypeStruct`s, by key
@@ -64,7 +65,7 @@ def step_inputs(experiment: ExperimentConfig,
         tx, skip_nonfinite=train.skip_nonfinite,
         spike_zscore=train.spike_zscore, spike_window=train.spike_window)
   state_args = dict(
-      seed=train.seed, tx=tx,
+      execution=experiment.execution, seed=train.seed, tx=tx,
       schedule=optimizer.learning_rate_schedule(experiment.optimizer,
                                                 train.steps),
       z_loss=experiment.optimizer.z_loss, mesh=mesh, rules=rules,

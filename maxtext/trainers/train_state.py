@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from maxtext.common.model_config import ModelConfig
+from maxtext.models import execution as execution_lib
 from maxtext.models import registry
 from maxtext.quant import qat as qat_lib
 from maxtext.sharding import mesh as mesh_lib
@@ -151,7 +152,10 @@ def _placed_optimizer(tx: optax.GradientTransformation, param_shardings: Any,
   return optax.GradientTransformationExtraArgs(tx.init, update)
 
 
-def create_train_state(model_config: ModelConfig, *, seed: int,
+def create_train_state(model_config: ModelConfig, *,
+                       execution: execution_lib.Execution = (
+                           execution_lib.Execution()),
+                       seed: int,
                        tx: optax.GradientTransformation,
                        schedule: optax.Schedule, z_loss: float,
                        mesh: jax.sharding.Mesh,
@@ -164,6 +168,7 @@ def create_train_state(model_config: ModelConfig, *, seed: int,
 
   Args:
     model_config: The model.
+    execution: How it runs (attention kernel, pipeline, remat).
     seed: Seed of the parameter initialisation.
     tx: The optimizer.
     schedule: Its learning-rate schedule (reported as a metric).
@@ -185,22 +190,23 @@ def create_train_state(model_config: ModelConfig, *, seed: int,
 
   Raises:
     ValueError: the mesh's `stage` axis differs from
-      `model_config.pipeline_stages`, or `qat` is on without
-      `tokens_shape` or matches no matmul.
+      `execution.pipeline.stages`, or `qat` is on without `tokens_shape` or
+      matches no matmul.
   """
-  if mesh.shape["stage"] != model_config.pipeline_stages:
+  stages = execution.pipeline.stages
+  if mesh.shape["stage"] != stages:
     raise ValueError(
-        f"model.pipeline_stages={model_config.pipeline_stages} must equal the"
-        f" size of the 'stage' mesh axis, {mesh.shape['stage']} (set"
-        " mesh.ici.stage / mesh.dcn.stage and model.pipeline_stages"
-        " together).")
+        f"pipeline.stages={stages} must equal the size of the 'stage' mesh"
+        f" axis, {mesh.shape['stage']} (set mesh.ici.stage / mesh.dcn.stage"
+        " and pipeline.stages together).")
   quantize = qat is not None and qat.enabled
   if quantize and tokens_shape is None:
     raise ValueError(f"qat.qtype={qat.qtype!r} needs the tokens_shape of the"
                      " train step's model calls.")
 
   def create_model() -> nnx.Module:
-    model = registry.create_model(model_config, rngs=nnx.Rngs(seed))
+    model = registry.create_model(model_config, rngs=nnx.Rngs(seed),
+                                  execution=execution)
     if quantize:
       model = qat_lib.quantize_for_training(
           model, qat, jnp.zeros(tokens_shape, jnp.int32))
@@ -211,7 +217,8 @@ def create_train_state(model_config: ModelConfig, *, seed: int,
   param_names = rules_lib.logical_names(abstract_params)
 
   def init() -> dict[str, Any]:
-    model = registry.create_model(model_config, rngs=nnx.Rngs(seed))
+    model = registry.create_model(model_config, rngs=nnx.Rngs(seed),
+                                  execution=execution)
     _, params, model_state = split_model(model)
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": tx.init(params), "model_state": model_state}
