@@ -40,10 +40,11 @@ is computed, so such layers cost about one block per distinct window: prefer
 stage and repeat counts that give every chunk the same pattern). With a KV
 cache (decoding) the layers run without the pipeline.
 
-Each block runs under `execution.remat` (`maxtext.layers.remat`). The residual stream is constrained to the logical
-axes (batch, length, embed) at every block boundary and the logits to
-(batch, length, vocab); the constraints apply only under
-`axes.activation_sharding` (the train step sets it from the compute rules).
+Each block runs under `execution.remat` (`maxtext.layers.remat`). The residual
+stream is constrained to the logical axes (batch, length, embed) at every
+block boundary and the logits to (batch, length, vocab); the constraints apply
+only under `axes.activation_sharding` (the train step sets it from the compute
+rules).
 
 Decoding: `init_cache(batch, length)` gives an empty KV cache, a dict by
 layer kind (each kind's stacked over its layers with scan_layers, a tuple
