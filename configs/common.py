@@ -10,6 +10,8 @@ This module is data: importing it has no side effects.
 
 import ml_collections
 
+from maxtext.models import registry
+
 
 def model_defaults() -> ml_collections.ConfigDict:
   """Every field of `maxtext.common.model_config.ModelConfig`.
@@ -110,21 +112,32 @@ def family_config(family: str, arg: str | None,
     family: The family's name (`ModelConfig.family`).
     arg: The variant, from `--config=configs/<family>.py:<variant>`; None
       means "small", the default that trains on a CPU in a few minutes.
-    variants: Model fields of each variant.
-    **family_fields: Model fields the whole family sets, applied before the
-      variant's.
+    variants: Model fields of each variant (sizes).
+    **family_fields: Model fields the variants share (sizes), applied
+      before the variant's.
+
+  The family's architecture (`ARCHITECTURE` of `maxtext/models/<family>.py`)
+  is applied first; neither `family_fields` nor a variant may restate it.
 
   Raises:
-    ValueError: `arg` is not a variant; the message lists the valid ones.
+    ValueError: `arg` is not a variant (the message lists the valid ones),
+      or a size restates an architecture field.
   """
   variant = arg or "small"
   if variant not in variants:
     raise ValueError(f"Unknown {family} variant {variant!r}; valid variants: "
                      f"{sorted(variants)}.")
+  architecture = registry.family_module(family).ARCHITECTURE
+  restated = sorted(set(architecture) & (set(family_fields) |
+                                         set(variants[variant])))
+  if restated:
+    raise ValueError(f"configs/{family}.py restates {restated}, the"
+                     f" architecture of maxtext/models/{family}.py.")
   config = base_config()
   config.model.family = family
   # Published sizes compute in bfloat16; the small CPU models in float32.
   config.model.dtype = "float32" if variant == "small" else "bfloat16"
+  config.model.update(architecture)
   config.model.update(family_fields)
   config.model.update(variants[variant])
   return config

@@ -16,6 +16,7 @@ from configs import gemma3
 from configs import mistral
 from maxtext.common.model_config import ModelConfig
 from maxtext.data.data_config import DataConfig
+from maxtext.models import registry
 from ml_collections import config_flags
 
 from testing import tiny_configs
@@ -33,6 +34,27 @@ class ConfigsTest(parameterized.TestCase):
     cfg = ModelConfig.from_dict(config.model)
     self.assertEqual(cfg.family, family)
     self.assertEqual(list(config), list(common.base_config()))
+
+  @parameterized.parameters(*_VARIANTS)
+  def test_variant_is_a_model_of_its_family_file(self, family, variant):
+    cfg = ModelConfig.from_dict(_FAMILIES[family].get_config(variant).model)
+    module = registry.family_module(family)
+    # The architecture is the family file's, stated there once.
+    self.assertEqual({name: getattr(cfg, name) for name in module.ARCHITECTURE},
+                     module.ARCHITECTURE)
+    # The family file reads the variant's Hugging Face config back as it:
+    # the config holds nothing the family file does not describe.
+    back = module.model_config_from_hf(module.hf_config_from_model_config(cfg))
+    compute = {name: getattr(cfg, name) for name in ("dtype", "param_dtype",
+                                                      "scan_layers")}
+    self.assertEqual(dataclasses.replace(back, **compute), cfg)
+
+  def test_a_config_cannot_restate_the_architecture(self):
+    with self.assertRaisesRegex(
+        ValueError, r"configs/gemma3.py restates \['qk_norm'\], the"
+        " architecture of maxtext/models/gemma3.py"):
+      common.family_config("gemma3", None,
+                           {"small": gemma3.VARIANTS["small"]}, qk_norm=False)
 
   @parameterized.parameters(*_FAMILIES)
   def test_default_is_a_small_cpu_model(self, family):

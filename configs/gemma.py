@@ -31,5 +31,4 @@ VARIANTS = {
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
   return common.family_config(
-      "gemma", arg, VARIANTS, vocab_size=256_000, norm_offset=1.0,
-      scale_embeddings=True, mlp_activation="gelu_tanh")
+      "gemma", arg, VARIANTS, vocab_size=256_000, mlp_activation="gelu_tanh")

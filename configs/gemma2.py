@@ -35,8 +35,7 @@ VARIANTS = {
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
   config = common.family_config(
-      "gemma2", arg, VARIANTS, vocab_size=256_000, norm_offset=1.0,
-      post_norms=True, scale_embeddings=True,
+      "gemma2", arg, VARIANTS, vocab_size=256_000,
       # Local and global layers alternate, local first.
       sliding_window=4096, global_layer_interval=2,
       # The attention-logit soft-cap needs the reference kernel.

@@ -43,6 +43,6 @@ VARIANTS = {
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
   return common.family_config(
-      "gemma3", arg, VARIANTS, norm_offset=1.0, post_norms=True, qk_norm=True,
-      scale_embeddings=True, rope_theta=1_000_000.0, rope_local_theta=10_000.0,
-      global_layer_interval=6, mlp_activation="gelu_tanh")
+      "gemma3", arg, VARIANTS, rope_theta=1_000_000.0,
+      rope_local_theta=10_000.0, global_layer_interval=6,
+      mlp_activation="gelu_tanh")

@@ -37,14 +37,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       "gpt_oss", arg, VARIANTS, vocab_size=201_088, embed_dim=2880,
       mlp_dim=2880, moe_mlp_dim=2880, num_heads=64, num_kv_heads=8,
       head_dim=64, tie_embeddings=False, norm_eps=1e-5,
-      qkv_bias=True, attention_output_bias=True, attention_sinks=True,
-      # YaRN rotary on every layer, sliding ones included.
-      rope_theta=150_000.0, rope_local_theta=None, rope_scaling="yarn",
+      qkv_bias=True, attention_output_bias=True,
+      # YaRN rotary (on every layer: maxtext/models/gpt_oss.py).
+      rope_theta=150_000.0, rope_scaling="yarn",
       rope_scaling_factor=32.0, rope_original_max_length=4096,
       rope_yarn_beta_fast=32.0, rope_yarn_beta_slow=1.0,
       rope_yarn_truncate=False,
       # Layer 0 sliding, layer 1 full, ...
-      sliding_window=128, global_layer_interval=2,
-      mlp_activation="clamped_swiglu", num_experts_per_token=4,
-      router_normalize=True, router_logit_bias=True, expert_bias=True,
-      expert_gate_up_fused=True, load_balance_loss_weight=0.9)
+      sliding_window=128, global_layer_interval=2, num_experts_per_token=4,
+      load_balance_loss_weight=0.9)

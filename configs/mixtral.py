@@ -36,5 +36,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   return common.family_config(
       "mixtral", arg, VARIANTS, vocab_size=32_000, head_dim=128,
       tie_embeddings=False, norm_eps=1e-5, rope_theta=1_000_000.0,
-      num_experts=8, num_experts_per_token=2, router_normalize=True,
+      num_experts=8, num_experts_per_token=2,
       load_balance_loss_weight=0.02)

@@ -44,5 +44,5 @@ VARIANTS = {
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
   return common.family_config(
-      "qwen2_5", arg, VARIANTS, vocab_size=151_936, qkv_bias=True,
+      "qwen2_5", arg, VARIANTS, vocab_size=151_936,
       rope_theta=1_000_000.0)

@@ -39,5 +39,5 @@ VARIANTS = {
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
   return common.family_config(
-      "qwen3", arg, VARIANTS, vocab_size=151_936, head_dim=128, qk_norm=True,
+      "qwen3", arg, VARIANTS, vocab_size=151_936, head_dim=128,
       rope_theta=1_000_000.0)

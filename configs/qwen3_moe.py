@@ -34,6 +34,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
   return common.family_config(
       "qwen3_moe", arg, VARIANTS, vocab_size=151_936, head_dim=128,
-      tie_embeddings=False, qk_norm=True, rope_theta=1_000_000.0,
+      tie_embeddings=False, rope_theta=1_000_000.0,
       num_experts=128, num_experts_per_token=8, router_normalize=True,
       load_balance_loss_weight=0.001)

@@ -1,8 +1,8 @@
 """DeepSeek-V3 (and Kimi K2): what differs from the generic decoder.
 
-Architecture (set by `configs/deepseek3.py`): pre-norm blocks with
-multi-head latent attention (`maxtext.layers.mla`: low-rank queries, a
-compressed key/value latent, decoupled interleaved rotary with YaRN
+Architecture (`ARCHITECTURE` below; sizes in `configs/deepseek3.py`): pre-norm
+blocks with multi-head latent attention (`maxtext.layers.mla`: low-rank
+queries, a compressed key/value latent, decoupled interleaved rotary with YaRN
 scaling), the first `first_dense_layers` blocks with a dense SwiGLU MLP and
 the others with a mixture of experts (`maxtext.layers.moe`): sigmoid router
 scores with a per-expert selection bias, group-limited top-k, normalised
@@ -80,6 +80,11 @@ HF_MTP_COPIES = (
 HF_MODEL_TYPE = "deepseek_v3"
 HF_ARCHITECTURE = "DeepseekV3ForCausalLM"
 
+# The model fields this family fixes, whatever a checkpoint's config says:
+# the one statement of its architecture (configs/deepseek3.py holds sizes).
+ARCHITECTURE = {"mlp_activation": "silu", "attention_type": "mla",
+                "router_score": "sigmoid", "router_bias": True}
+
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   """`ModelConfig` of a Hugging Face DeepSeek-V3 config.
@@ -118,8 +123,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   fields["head_dim"] = hf["qk_rope_head_dim"]
   return ModelConfig(
       family="deepseek3",
-      mlp_activation="silu",
-      attention_type="mla",
+      **ARCHITECTURE,
       q_lora_rank=hf.get("q_lora_rank") or 0,
       kv_lora_rank=hf["kv_lora_rank"],
       qk_nope_head_dim=hf["qk_nope_head_dim"],
@@ -130,9 +134,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       moe_mlp_dim=hf["moe_intermediate_size"],
       num_shared_experts=hf["n_shared_experts"] or 0,
       first_dense_layers=hf["first_k_dense_replace"],
-      router_score="sigmoid",
       router_normalize=bool(hf["norm_topk_prob"]),
-      router_bias=True,
       routed_scaling_factor=float(hf["routed_scaling_factor"]),
       num_expert_groups=hf["n_group"] or 1,
       expert_groups_per_token=hf["topk_group"] or 1,

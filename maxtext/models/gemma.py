@@ -1,8 +1,8 @@
 """Gemma (1): what differs from the generic decoder.
 
-Architecture (set by `configs/gemma.py`): embeddings scaled by
-sqrt(embed_dim), RMSNorm with `1 + scale`, GELU-tanh gates, head dim 256
-(multi-query attention in 2B), rotary base 10k, tied output head.
+Architecture (`ARCHITECTURE` below; sizes in `configs/gemma.py`): embeddings
+scaled by sqrt(embed_dim), RMSNorm with `1 + scale`, GELU-tanh gates, head dim
+256 (multi-query attention in 2B), rotary base 10k, tied output head.
 
 This module maps Hugging Face's `GemmaConfig` / `GemmaForCausalLM`
 checkpoints onto that model; the weight names are Llama's.
@@ -23,6 +23,10 @@ HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + (hf_params.PRE_MLP_NORM,)
 HF_MODEL_TYPE = "gemma"
 HF_ARCHITECTURE = "GemmaForCausalLM"
 
+# The model fields this family fixes, whatever a checkpoint's config says:
+# the one statement of its architecture (configs/gemma.py holds sizes).
+ARCHITECTURE = {"norm_offset": 1.0, "scale_embeddings": True}
+
 _ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
@@ -40,8 +44,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
                      f"supported: {sorted(_ACTIVATIONS)}.")
   return ModelConfig(
       family="gemma",
-      norm_offset=1.0,
-      scale_embeddings=True,
+      **ARCHITECTURE,
       mlp_activation=_ACTIVATIONS[activation],
       **hf_params.decoder_fields(hf, tie_embeddings_default=True),
   )

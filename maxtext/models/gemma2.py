@@ -1,10 +1,11 @@
 """Gemma 2: what differs from the generic decoder.
 
-Architecture (set by `configs/gemma2.py`): Gemma's embeddings, `1 + scale`
-norms and GELU-tanh gates, plus pre- and post-norms around attention and
-MLP, local (sliding window 4096) and global layers alternating (local
-first), one rotary base for both, soft-capped attention logits (50) and
-output logits (30), queries scaled by `query_pre_attn_scalar**-0.5`.
+Architecture (`ARCHITECTURE` below; sizes in `configs/gemma2.py`): Gemma's
+embeddings, `1 + scale` norms and GELU-tanh gates, plus pre- and post-norms
+around attention and MLP, local (sliding window 4096) and global layers
+alternating (local first), one rotary base for both, soft-capped attention
+logits (50) and output logits (30), queries scaled by
+`query_pre_attn_scalar**-0.5`.
 
 This module maps Hugging Face's `Gemma2Config` / `Gemma2ForCausalLM`
 checkpoints onto that model.
@@ -24,6 +25,11 @@ HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + hf_params.SANDWICH_NORMS
 
 HF_MODEL_TYPE = "gemma2"
 HF_ARCHITECTURE = "Gemma2ForCausalLM"
+
+# The model fields this family fixes, whatever a checkpoint's config says:
+# the one statement of its architecture (configs/gemma2.py holds sizes).
+ARCHITECTURE = {"norm_offset": 1.0, "post_norms": True,
+                "scale_embeddings": True}
 
 _ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
@@ -57,9 +63,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
         hf.get("layer_types") or alternating[:hf["num_hidden_layers"]])
   return ModelConfig(
       family="gemma2",
-      norm_offset=1.0,
-      post_norms=True,
-      scale_embeddings=True,
+      **ARCHITECTURE,
       rope_local_theta=fields["rope_theta"],
       sliding_window=window,
       global_layer_interval=interval,

@@ -1,10 +1,10 @@
 """Gemma 3 (text decoder): what differs from the generic decoder.
 
-Architecture (set by `configs/gemma3.py`): embeddings scaled by
-sqrt(embed_dim), RMSNorm with `1 + scale`, q/k norm, pre- and post-norms
-around attention and MLP, GELU-tanh gates, five local (sliding window) layers
-per global layer, local rotary base 10k, global base 1M (linearly scaled by 8
-in 4b/12b/27b), tied output head.
+Architecture (`ARCHITECTURE` below; sizes in `configs/gemma3.py`): embeddings
+scaled by sqrt(embed_dim), RMSNorm with `1 + scale`, q/k norm, pre- and
+post-norms around attention and MLP, GELU-tanh gates, five local (sliding
+window) layers per global layer, local rotary base 10k, global base 1M
+(linearly scaled by 8 in 4b/12b/27b), tied output head.
 
 This module maps Hugging Face's `Gemma3TextConfig` / `Gemma3ForCausalLM`
 checkpoints onto that model; the multimodal `Gemma3ForConditionalGeneration`
@@ -27,6 +27,11 @@ HF_BLOCK_PARAMS = (hf_params.COMMON_BLOCK_PARAMS + hf_params.QK_NORMS +
 
 HF_MODEL_TYPE = "gemma3_text"
 HF_ARCHITECTURE = "Gemma3ForCausalLM"
+
+# The model fields this family fixes, whatever a checkpoint's config says:
+# the one statement of its architecture (configs/gemma3.py holds sizes).
+ARCHITECTURE = {"norm_offset": 1.0, "post_norms": True, "qk_norm": True,
+                "scale_embeddings": True}
 
 # `Gemma3TextConfig` defaults (legacy keys): the multimodal releases'
 # config.json store only the `text_config` keys that differ from them.
@@ -74,6 +79,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
     local_theta = hf["rope_local_base_freq"]
   return ModelConfig(
       family="gemma3",
+      **ARCHITECTURE,
       vocab_size=hf["vocab_size"],
       num_layers=hf["num_hidden_layers"],
       embed_dim=hf["hidden_size"],
@@ -83,10 +89,6 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       head_dim=hf["head_dim"],
       tie_embeddings=hf.get("tie_word_embeddings", True),
       norm_eps=hf["rms_norm_eps"],
-      norm_offset=1.0,
-      post_norms=True,
-      qk_norm=True,
-      scale_embeddings=True,
       rope_local_theta=float(local_theta),
       sliding_window=hf["sliding_window"] or 0,
       global_layer_interval=_global_layer_interval(hf),

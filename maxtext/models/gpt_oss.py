@@ -1,14 +1,14 @@
 """GPT-OSS: what differs from the generic decoder.
 
-Architecture (set by `configs/gpt_oss.py`): pre-norm blocks alternating a
-sliding-window layer (128 tokens, even layers) and a full-attention layer
-(odd layers), GQA with biases on the query, key, value and output
-projections and a learned attention-sink logit per query head
+Architecture (`ARCHITECTURE` below; sizes in `configs/gpt_oss.py`): pre-norm
+blocks alternating a sliding-window layer (128 tokens, even layers) and a
+full-attention layer (odd layers), GQA with biases on the query, key, value
+and output projections and a learned attention-sink logit per query head
 (`maxtext.kernels.attention`); YaRN rotary embeddings on every layer (the
 sliding ones too: `rope_local_theta=None`); a mixture of experts in every
-block: a router with a bias whose top-k logits are softmaxed (equal to
-softmax scores renormalised over the chosen experts), and experts with
-biases and a clamped SwiGLU (`maxtext.layers.mlp.clamped_swiglu`).
+block: a router with a bias whose top-k logits are softmaxed (equal to softmax
+scores renormalised over the chosen experts), and experts with biases and a
+clamped SwiGLU (`maxtext.layers.mlp.clamped_swiglu`).
 
 This module maps Hugging Face's `GptOssConfig` / `GptOssForCausalLM`
 checkpoints (the dequantized layout transformers holds in memory and
@@ -55,6 +55,16 @@ HF_BLOCK_PARAMS = (
 HF_MODEL_TYPE = "gpt_oss"
 HF_ARCHITECTURE = "GptOssForCausalLM"
 
+# The model fields this family fixes, whatever a checkpoint's config says:
+# the one statement of its architecture (configs/gpt_oss.py holds sizes).
+ARCHITECTURE = {
+    # YaRN rotary on every layer, sliding ones included.
+    "rope_local_theta": None,
+    "attention_sinks": True, "mlp_activation": "clamped_swiglu",
+    "router_normalize": True, "router_logit_bias": True, "expert_bias": True,
+    "expert_gate_up_fused": True,
+}
+
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   """`ModelConfig` of a Hugging Face GPT-OSS config.
@@ -83,20 +93,14 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   bias = bool(hf.get("attention_bias", True))
   return ModelConfig(
       family="gpt_oss",
+      **ARCHITECTURE,
       qkv_bias=bias,
       attention_output_bias=bias,
-      attention_sinks=True,
-      rope_local_theta=None,
       sliding_window=window,
       global_layer_interval=interval,
-      mlp_activation="clamped_swiglu",
       num_experts=hf["num_local_experts"],
       num_experts_per_token=hf["num_experts_per_tok"],
       moe_mlp_dim=hf["intermediate_size"],
-      router_normalize=True,
-      router_logit_bias=True,
-      expert_bias=True,
-      expert_gate_up_fused=True,
       load_balance_loss_weight=hf.get("router_aux_loss_coef", 0.0),
       **hf_params.decoder_fields(hf, tie_embeddings_default=False),
   )

@@ -1,10 +1,10 @@
 """Llama 2: what differs from the generic decoder.
 
-Architecture (set by `configs/llama2.py`): Llama 3's blocks (pre-norm,
-SiLU gates, untied output head) with rotary base 10k, a 32k vocabulary, and
-multi-head attention (GQA with 8 key/value heads in 70B). The Hugging Face
-layout and config keys are Llama 3's (`LlamaConfig` / `LlamaForCausalLM`).
-"""
+Architecture (`ARCHITECTURE` below; sizes in `configs/llama2.py`): Llama 3's
+blocks (pre-norm, SiLU gates, untied output head) with rotary base 10k, a 32k
+vocabulary, and multi-head attention (GQA with 8 key/value heads in 70B). The
+Hugging Face layout and config keys are Llama 3's (`LlamaConfig` /
+`LlamaForCausalLM`). """
 
 import dataclasses
 from collections.abc import Mapping
@@ -20,6 +20,7 @@ HF_PARAMS = llama3.HF_PARAMS
 HF_BLOCK_PARAMS = llama3.HF_BLOCK_PARAMS
 HF_MODEL_TYPE = llama3.HF_MODEL_TYPE
 HF_ARCHITECTURE = llama3.HF_ARCHITECTURE
+ARCHITECTURE = llama3.ARCHITECTURE
 
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:

@@ -1,8 +1,8 @@
 """Llama 3, 3.1 and 3.2: what differs from the generic decoder.
 
-Architecture (set by `configs/llama3.py`): pre-norm blocks, SiLU gates,
-GQA, rotary base 500k ("llama3" frequency scaling from 3.1 on), untied
-output head except in the 3.2 1B/3B models.
+Architecture (`ARCHITECTURE` below; sizes in `configs/llama3.py`): pre-norm
+blocks, SiLU gates, GQA, rotary base 500k ("llama3" frequency scaling from 3.1
+on), untied output head except in the 3.2 1B/3B models.
 
 This module maps Hugging Face's `LlamaConfig` / `LlamaForCausalLM`
 checkpoints onto that model.
@@ -23,6 +23,10 @@ HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + (hf_params.PRE_MLP_NORM,)
 HF_MODEL_TYPE = "llama"
 HF_ARCHITECTURE = "LlamaForCausalLM"
 
+# The model fields this family fixes, whatever a checkpoint's config says:
+# the one statement of its architecture (configs/llama3.py holds sizes).
+ARCHITECTURE = {"mlp_activation": "silu"}
+
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   """`ModelConfig` of a Hugging Face Llama config.
@@ -40,7 +44,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
                      "supported: 'silu'.")
   return ModelConfig(
       family="llama3",
-      mlp_activation="silu",
+      **ARCHITECTURE,
       **hf_params.decoder_fields(hf, tie_embeddings_default=False),
   )
 

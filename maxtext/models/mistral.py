@@ -1,9 +1,9 @@
 """Mistral 7B: what differs from the generic decoder.
 
-Architecture (set by `configs/mistral.py`): Llama's blocks (pre-norm, SiLU
-gates, GQA, untied output head); v0.1 limits every layer to a sliding window
-of 4096 keys (all layers local, with the same rotary base as global ones),
-v0.2 and v0.3 have no window.
+Architecture (`ARCHITECTURE` below; sizes in `configs/mistral.py`): Llama's
+blocks (pre-norm, SiLU gates, GQA, untied output head); v0.1 limits every
+layer to a sliding window of 4096 keys (all layers local, with the same rotary
+base as global ones), v0.2 and v0.3 have no window.
 
 This module maps Hugging Face's `MistralConfig` / `MistralForCausalLM`
 checkpoints onto that model; the weight names are Llama's.
@@ -23,6 +23,10 @@ HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + (hf_params.PRE_MLP_NORM,)
 
 HF_MODEL_TYPE = "mistral"
 HF_ARCHITECTURE = "MistralForCausalLM"
+
+# The model fields this family fixes, whatever a checkpoint's config says:
+# the one statement of its architecture (configs/mistral.py holds sizes).
+ARCHITECTURE = {"mlp_activation": "silu"}
 
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
@@ -47,7 +51,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
                      f"{fields['rope_scaling']!r} is not supported.")
   return ModelConfig(
       family="mistral",
-      mlp_activation="silu",
+      **ARCHITECTURE,
       sliding_window=window,
       # A window applies to every layer: all are local, none is global.
       global_layer_interval=0 if window else 1,

@@ -1,9 +1,9 @@
 """Mixtral: what differs from the generic decoder.
 
-Architecture (set by `configs/mixtral.py`): Mistral's blocks (pre-norm,
-GQA, untied output head) with a mixture of experts in place of every MLP:
-8 SwiGLU experts, 2 per token, chosen by softmax over the experts and
-renormalised to sum to 1 (`maxtext.layers.moe`).
+Architecture (`ARCHITECTURE` below; sizes in `configs/mixtral.py`): Mistral's
+blocks (pre-norm, GQA, untied output head) with a mixture of experts in place
+of every MLP: 8 SwiGLU experts, 2 per token, chosen by softmax over the
+experts and renormalised to sum to 1 (`maxtext.layers.moe`).
 
 This module maps Hugging Face's `MixtralConfig` / `MixtralForCausalLM`
 checkpoints onto that model: the router is `block_sparse_moe.gate`, expert
@@ -28,6 +28,10 @@ HF_BLOCK_PARAMS = (hf_params.COMMON_BLOCK_PARAMS + (hf_params.PRE_MLP_NORM,) +
 HF_MODEL_TYPE = "mixtral"
 HF_ARCHITECTURE = "MixtralForCausalLM"
 
+# The model fields this family fixes, whatever a checkpoint's config says:
+# the one statement of its architecture (configs/mixtral.py holds sizes).
+ARCHITECTURE = {"mlp_activation": "silu", "router_normalize": True}
+
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   """`ModelConfig` of a Hugging Face Mixtral config.
@@ -51,11 +55,10 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   fields = hf_params.decoder_fields(hf, tie_embeddings_default=False)
   return ModelConfig(
       family="mixtral",
-      mlp_activation="silu",
+      **ARCHITECTURE,
       num_experts=hf["num_local_experts"],
       num_experts_per_token=hf["num_experts_per_tok"],
       moe_mlp_dim=hf["intermediate_size"],
-      router_normalize=True,
       load_balance_loss_weight=hf.get("router_aux_loss_coef", 0.0),
       **fields,
   )

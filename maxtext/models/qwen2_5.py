@@ -1,8 +1,8 @@
 """Qwen 2.5 (dense): what differs from the generic decoder.
 
-Architecture (set by `configs/qwen2_5.py`): Llama's blocks (pre-norm, SiLU
-gates, GQA) with a bias on the query, key and value projections, rotary
-base 1M, tied output head in 0.5B, 1.5B and 3B.
+Architecture (`ARCHITECTURE` below; sizes in `configs/qwen2_5.py`): Llama's
+blocks (pre-norm, SiLU gates, GQA) with a bias on the query, key and value
+projections, rotary base 1M, tied output head in 0.5B, 1.5B and 3B.
 
 This module maps Hugging Face's `Qwen2Config` / `Qwen2ForCausalLM`
 checkpoints onto that model (Qwen 2 has the same layout).
@@ -24,6 +24,10 @@ HF_BLOCK_PARAMS = (hf_params.COMMON_BLOCK_PARAMS + (hf_params.PRE_MLP_NORM,) +
 HF_MODEL_TYPE = "qwen2"
 HF_ARCHITECTURE = "Qwen2ForCausalLM"
 
+# The model fields this family fixes, whatever a checkpoint's config says:
+# the one statement of its architecture (configs/qwen2_5.py holds sizes).
+ARCHITECTURE = {"qkv_bias": True, "mlp_activation": "silu"}
+
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   """`ModelConfig` of a Hugging Face Qwen 2 / 2.5 config.
@@ -44,8 +48,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
                      "supported: 'silu'.")
   return ModelConfig(
       family="qwen2_5",
-      qkv_bias=True,
-      mlp_activation="silu",
+      **ARCHITECTURE,
       **hf_params.decoder_fields(hf, tie_embeddings_default=False),
   )
 

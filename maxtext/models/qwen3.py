@@ -1,9 +1,9 @@
 """Qwen 3 (dense): what differs from the generic decoder.
 
-Architecture (set by `configs/qwen3.py`): Llama's blocks (pre-norm, SiLU
-gates, GQA) with RMSNorm over the head dim of queries and keys (before
-rotary), no projection biases, head dim 128, rotary base 1M, tied output
-head in 0.6B, 1.7B and 4B.
+Architecture (`ARCHITECTURE` below; sizes in `configs/qwen3.py`): Llama's
+blocks (pre-norm, SiLU gates, GQA) with RMSNorm over the head dim of queries
+and keys (before rotary), no projection biases, head dim 128, rotary base 1M,
+tied output head in 0.6B, 1.7B and 4B.
 
 This module maps Hugging Face's `Qwen3Config` / `Qwen3ForCausalLM`
 checkpoints onto that model.
@@ -24,6 +24,10 @@ HF_BLOCK_PARAMS = (hf_params.COMMON_BLOCK_PARAMS + (hf_params.PRE_MLP_NORM,) +
 
 HF_MODEL_TYPE = "qwen3"
 HF_ARCHITECTURE = "Qwen3ForCausalLM"
+
+# The model fields this family fixes, whatever a checkpoint's config says:
+# the one statement of its architecture (configs/qwen3.py holds sizes).
+ARCHITECTURE = {"qk_norm": True, "mlp_activation": "silu"}
 
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
@@ -46,8 +50,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
                      "supported: 'silu'.")
   return ModelConfig(
       family="qwen3",
-      qk_norm=True,
-      mlp_activation="silu",
+      **ARCHITECTURE,
       **hf_params.decoder_fields(hf, tie_embeddings_default=False),
   )
 

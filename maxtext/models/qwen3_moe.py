@@ -1,9 +1,9 @@
 """Qwen 3 MoE: what differs from the generic decoder.
 
-Architecture (set by `configs/qwen3_moe.py`): Qwen 3's blocks (q/k norms,
-GQA, head dim 128, rotary base 1M, untied output head) with a mixture of
-experts in place of every MLP: 128 SwiGLU experts, 8 per token, chosen by
-softmax over the experts and renormalised (norm_topk_prob) in the
+Architecture (`ARCHITECTURE` below; sizes in `configs/qwen3_moe.py`): Qwen 3's
+blocks (q/k norms, GQA, head dim 128, rotary base 1M, untied output head) with
+a mixture of experts in place of every MLP: 128 SwiGLU experts, 8 per token,
+chosen by softmax over the experts and renormalised (norm_topk_prob) in the
 published checkpoints (`maxtext.layers.moe`).
 
 This module maps Hugging Face's `Qwen3MoeConfig` / `Qwen3MoeForCausalLM`
@@ -28,6 +28,10 @@ HF_BLOCK_PARAMS = (hf_params.COMMON_BLOCK_PARAMS + (hf_params.PRE_MLP_NORM,) +
 
 HF_MODEL_TYPE = "qwen3_moe"
 HF_ARCHITECTURE = "Qwen3MoeForCausalLM"
+
+# The model fields this family fixes, whatever a checkpoint's config says:
+# the one statement of its architecture (configs/qwen3_moe.py holds sizes).
+ARCHITECTURE = {"qk_norm": True, "mlp_activation": "silu"}
 
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
@@ -58,8 +62,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
                      f"{hf['hidden_act']!r}; supported: 'silu'.")
   return ModelConfig(
       family="qwen3_moe",
-      qk_norm=True,
-      mlp_activation="silu",
+      **ARCHITECTURE,
       # transformers >= 5 writes num_local_experts; checkpoints num_experts.
       num_experts=hf.get("num_experts") or hf["num_local_experts"],
       num_experts_per_token=hf["num_experts_per_tok"],

@@ -3,6 +3,8 @@
 A family is a module in `maxtext/models/` that exposes:
   MODEL_CLASS: the `nnx.Module` class built as
     `MODEL_CLASS(cfg, rngs=rngs, execution=execution)`.
+  ARCHITECTURE: the `ModelConfig` fields the family fixes (its one
+    statement of them; `configs/<family>.py` adds sizes).
   model_config_from_hf(hf_config: dict) -> ModelConfig.
   HF_PARAMS: `maxtext.models.hf_weights.ParamMap` entries for the
     Hugging Face checkpoint layout.
