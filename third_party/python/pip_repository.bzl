@@ -33,6 +33,45 @@ def _run(rctx, args, what, timeout = 1800):
         fail("{} failed ({}):\n{}\n{}".format(what, result.return_code, result.stdout, result.stderr))
     return result
 
+def _compile(rctx, python):
+    """Byte-compiles the installed packages, alike in every clone.
+
+    Identical `.pyc` files make test actions' input digests equal across
+    clones of this repository on one machine, so they share test results
+    through the disk cache (`.bazelrc`). pip's own compilation writes the
+    source's mtime (the install time) and its absolute path in this clone's
+    output base into each file. Here the source's hash replaces the mtime
+    (these files never change: a new lock makes a new repository), the path
+    is the same prefix everywhere (Python replaces it by the module's real
+    path when it imports the file), and hash randomization, which orders the
+    frozensets of compiled constants, is off. Tests import these `.pyc`
+    files from the read-only sandbox; without them each test process would
+    recompile.
+    """
+    result = rctx.execute(
+        [
+            python,
+            "-m",
+            "compileall",
+            "-q",
+            "-j",
+            "0",
+            "--invalidation-mode",
+            "unchecked-hash",
+            "-d",
+            "/" + _SITE,
+            _SITE,
+        ],
+        timeout = 1800,
+        quiet = True,
+        environment = {"PYTHONHASHSEED": "0"},
+    )
+
+    # compileall exits 1 when some file does not compile: packages ship
+    # templates and Python 2 files that pip's own compilation skips too.
+    if result.return_code not in (0, 1):
+        fail("compileall of @{} failed ({}):\n{}\n{}".format(rctx.name, result.return_code, result.stdout, result.stderr))
+
 def _pip_lock_repository_impl(rctx):
     python = _python(rctx)
     lock = rctx.path(rctx.attr.lock)
@@ -48,11 +87,13 @@ def _pip_lock_repository_impl(rctx):
         "--no-warn-script-location",
         "--no-deps",
         "--require-hashes",
+        "--no-compile",
         "--target",
         _SITE,
         "-r",
         lock,
     ], "pip install of {}".format(rctx.attr.lock))
+    _compile(rctx, python)
     args = [
         python,
         rctx.path(rctx.attr._generate_build),
