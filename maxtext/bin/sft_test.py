@@ -15,6 +15,7 @@ import transformers
 
 from maxtext.bin import sft
 from maxtext.checkpoint import params_checkpoint
+from maxtext.common import workdir as workdir_lib
 from maxtext.metrics import writers
 from maxtext.posttrain import posttrain_testing as pt
 from testing import train_process
@@ -88,6 +89,19 @@ class SftBinaryTest(absltest.TestCase):
     self.assertNotIn("\n", message)
     self.assertTrue(message.startswith(
         "sft: error: ValueError: SFT needs data.chat_template"), message)
+
+  def test_a_busy_workdir_is_refused_before_any_work(self):
+    busy = os.path.join(self.user_dir, "busy")
+    argv = pt.parse_binary_flags(_argv("--workdir=busy"))
+    with workdir_lib.exclusive(busy):  # Another run holds it.
+      with self.assertRaises(SystemExit) as caught:
+        pt.run_binary_main(sft.main, argv, self.user_dir)
+    message = caught.exception.code
+    self.assertNotIn("\n", message)
+    self.assertTrue(message.startswith(
+        f"sft: error: WorkdirBusyError: Workdir {busy} is in use by another"
+        f" run (pid {os.getpid()}"), message)
+    self.assertEqual(sorted(os.listdir(busy)), [".lock"])  # Nothing written.
 
   def test_a_rerun_loads_its_train_step_from_the_cache(self):
     env = train_process.cache_env()

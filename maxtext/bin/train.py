@@ -22,7 +22,9 @@ Faults. Checkpoints carry a checksum manifest; a corrupt one is reported
 process (SIGKILL) costs to the updates since its last local save (a lost
 machine: since the last persistent one); the run resumes from the newest
 usable checkpoint of either tier. It may resume on another device count or
-mesh, as long as the batch divides over it.
+mesh, as long as the batch divides over it. One run at a time per workdir:
+a second one exits at once naming the first's pid and host (the lock dies
+with its process, however it ends).
 
 Exit status:
   0   trained to train.steps.

@@ -149,13 +149,21 @@ class TrainBinaryTest(absltest.TestCase):
     not_a_dir = self.create_tempfile("run").full_path
     self._assert_error(self._run(_config(), not_a_dir), not_a_dir)
 
+  def test_a_busy_workdir_is_refused_before_any_work(self):
+    workdir = self.create_tempdir().full_path
+    with workdir_lib.exclusive(workdir):  # Another run holds it.
+      message = self._run(_config(), workdir)
+    self._assert_error(message, "WorkdirBusyError: Workdir", workdir,
+                       f"in use by another run (pid {os.getpid()} on")
+    self.assertEqual(os.listdir(workdir), [".lock"])  # Nothing written.
+
   def test_local_tier_outside_the_workdir_is_refused(self):
     workdir = self.create_tempdir().full_path
     message = self._run(_config(checkpoint__local_dir="../elsewhere",
                                 checkpoint__local_every_steps=1), workdir)
     self._assert_error(message, "checkpoint.local_dir='../elsewhere'",
                        f"inside the workdir {workdir}")
-    self.assertEqual(os.listdir(workdir), [])  # Nothing written.
+    self.assertEqual(os.listdir(workdir), [".lock"])  # Nothing but the lock.
 
   def test_checkpoint_of_another_model_and_full_disk_lose_nothing(self):
     workdir = self.create_tempdir().full_path

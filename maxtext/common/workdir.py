@@ -1,6 +1,7 @@
 """The run's working directory: where it is, and the config written into it.
 
 Layout of a workdir:
+  .lock              held by the run using the workdir (`exclusive`)
   config.json        the resolved config of the first run (written once)
   config_step<N>.json  a changed config of a run resumed at update N
   metrics.jsonl      one line of metrics per logged update
@@ -10,14 +11,20 @@ Layout of a workdir:
   profile/           jax.profiler traces
 """
 
+from collections.abc import Iterator
+import contextlib
+import fcntl
 import json
 import os
+import socket
+import time
 from typing import Any
 
 from absl import logging
 
 from maxtext.common import paths
 
+LOCK_FILENAME = ".lock"
 CONFIG_FILENAME = "config.json"
 CHECKPOINT_DIRNAME = "checkpoints"
 PROFILE_DIRNAME = "profile"
@@ -65,6 +72,47 @@ def resolve_workdir(workdir_flag: str | None, config_path: str) -> str:
   `default_workdir(config_path)` when it is not given."""
   return (paths.user_path(workdir_flag) if workdir_flag else
           default_workdir(config_path))
+
+
+class WorkdirBusyError(OSError):
+  """Another run holds the workdir."""
+
+
+@contextlib.contextmanager
+def exclusive(workdir: str, *, take: bool = True) -> Iterator[None]:
+  """Holds `workdir` for one run while inside: a second run on it fails at
+  once instead of saving the same steps and interleaving the metrics.
+
+  The lock is `flock` on `<workdir>/.lock`, so the kernel releases it when
+  the holding process ends, however it ends (a killed run never blocks the
+  next); the file names the holder for the error. A run of several
+  processes takes it on one (`take=False` on the others).
+
+  Raises:
+    WorkdirBusyError: another process holds it (the message names its pid,
+      host and start time).
+    OSError: the workdir cannot be created (e.g. it is a file).
+  """
+  if not take:
+    yield
+    return
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, LOCK_FILENAME)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
+      raise WorkdirBusyError(
+          f"Workdir {workdir} is in use by another run ({holder or 'unknown'}"
+          "); wait for it to end, or choose another --workdir.") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (f"pid {os.getpid()} on {socket.gethostname()}, since "
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n").encode(), 0)
+    yield
+  finally:
+    os.close(fd)  # Releases the lock.
 
 
 def write_config(workdir: str, config: dict[str, Any], *, step: int) -> str:

@@ -2,6 +2,10 @@
 
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 from unittest import mock
 
 from absl.testing import absltest
@@ -47,6 +51,46 @@ class PathsTest(absltest.TestCase):
     self.assertEqual(path, os.path.join(root, "fast", "ckpt"))
     os.makedirs(path)
     self.assertTrue(os.path.isdir(os.path.join(ram_disk, "ckpt")))
+
+
+class ExclusiveTest(absltest.TestCase):
+
+  def _hold_in_another_process(self, run_dir):
+    """A process holding `workdir` until killed; returns it once it holds."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from maxtext.common import workdir\n"
+         "with workdir.exclusive(sys.argv[1]):\n"
+         "  print('held', flush=True); time.sleep(600)", run_dir],
+        stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    self.addCleanup(holder.kill)
+    self.assertEqual(holder.stdout.readline().strip(), "held")
+    return holder
+
+  def test_a_second_run_is_refused_until_the_first_dies(self):
+    run_dir = os.path.join(self.create_tempdir().full_path, "run")
+    holder = self._hold_in_another_process(run_dir)
+    with self.assertRaisesRegex(
+        workdir.WorkdirBusyError,
+        rf"^Workdir {run_dir} is in use by another run \(pid {holder.pid} on"
+        rf" {socket.gethostname()}, since .*\); wait for it to end, or choose"
+        r" another --workdir.$"):
+      with workdir.exclusive(run_dir):
+        self.fail("entered a held workdir")
+    holder.send_signal(signal.SIGKILL)  # The kernel releases its lock.
+    holder.wait()
+    with workdir.exclusive(run_dir):
+      pass
+    # Released on exit: the next run takes it again.
+    with workdir.exclusive(run_dir):
+      pass
+
+  def test_a_process_that_does_not_take_it_is_not_refused(self):
+    run_dir = self.create_tempdir().full_path
+    self._hold_in_another_process(run_dir)
+    with workdir.exclusive(run_dir, take=False):
+      pass
 
 
 class WriteConfigTest(absltest.TestCase):

@@ -247,7 +247,8 @@ def run_binary(program: str, run: Callable[[ml_collections.ConfigDict, str],
   logging.info("%d devices (%s); config %s, workdir %s, compilation cache %s.",
                jax.device_count(), jax.devices()[0].device_kind, config_path,
                workdir, cache or "off")
-  with cli.errors_in_one_line(program):
+  with cli.errors_in_one_line(program), workdir_lib.exclusive(
+      workdir, take=jax.process_index() == 0):
     result = run(config, workdir)
   logging.info("Exported %s.", result.exported)
   return result

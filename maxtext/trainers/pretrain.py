@@ -245,11 +245,23 @@ def train(config: ml_collections.ConfigDict, workdir: str, *,
     loop.NonFiniteError: the loss became NaN or infinite (names the step).
     checkpoint_lib.CheckpointError: there are checkpoints but none is usable,
       one holds another model, or a save failed (names the step and path).
+    workdir_lib.WorkdirBusyError: another run holds the workdir (names its
+      pid and host).
   """
   quiet_orbax_info_logs()
   experiment = ExperimentConfig.from_config_dict(config)
   workdir = os.path.abspath(workdir)
   is_main = jax.process_index() == 0
+  # One run per workdir, from before its checkpoint managers clean up.
+  with workdir_lib.exclusive(workdir, take=is_main):
+    return _train(experiment, config, workdir, is_main=is_main, hooks=hooks,
+                  compile_fn=compile_fn)
+
+
+def _train(experiment: ExperimentConfig, config: ml_collections.ConfigDict,
+           workdir: str, *, is_main: bool, hooks: Sequence[loop.Hook],
+           compile_fn: CompileFn | None) -> TrainResult:
+  """`train` in the workdir it holds."""
   recorder = goodput_lib.GoodputRecorder(workdir, write=is_main)
   checkpointers = make_checkpointers(workdir, experiment.checkpoint)
   try:
