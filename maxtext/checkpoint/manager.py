@@ -36,6 +36,7 @@ Checkpoints are read only through Orbax (TensorStore arrays) and JSON: nothing
 is ever unpickled.
 """
 
+from collections.abc import Callable
 import dataclasses
 import os
 import shutil
@@ -348,20 +349,23 @@ class Restored:
   tier: str
 
 
-def restore_newest(checkpointers: list[Checkpointer],
-                   abstract_state: Any) -> Restored | None:
+def restore_newest(checkpointers: list[Checkpointer], abstract_state: Any, *,
+                   check: Callable[[Any], str | None] | None = None
+                   ) -> Restored | None:
   """Restores the newest usable checkpoint of any tier.
 
   Candidates are tried newest first (on a tie, the earlier checkpointer in
-  the list first). A candidate failing its manifest check or its restore is
-  reported and the next one tried; once one restores, the failed newer ones
-  are renamed aside (`Checkpointer.quarantine`) so that their steps can be
-  saved again.
+  the list first). A candidate failing its manifest check, its restore or
+  `check` is reported and the next one tried; once one restores, the failed
+  newer ones are renamed aside (`Checkpointer.quarantine`) so that their
+  steps can be saved again.
 
   Args:
     checkpointers: The tiers, fastest first.
     abstract_state: The structure to restore into (see
       `Checkpointer.restore`).
+    check: What is wrong with a restored state (e.g. "holds NaN"), or None
+      when it is usable.
 
   Returns:
     The restored checkpoint, or None when no tier has any.
@@ -393,6 +397,12 @@ def restore_newest(checkpointers: list[Checkpointer],
     except CheckpointError as e:
       logging.warning("%s Trying an older one.", e)
       failures.append((ckpt, step, str(e)))
+      continue
+    problem = check(state) if check is not None else None
+    if problem:
+      logging.warning("Checkpoint of step %d (%s) %s. Trying an older one.",
+                      step, path, problem)
+      failures.append((ckpt, step, problem))
       continue
     for bad_ckpt, bad_step, _ in failures:
       moved = bad_ckpt.quarantine(bad_step)

@@ -8,7 +8,10 @@ fetch that update's metrics first (`Hook.needs_metrics_before`).
 
 A non-finite loss or gradient norm stops the run with `NonFiniteError`
 naming the update, unless the train step skipped that update
-(`SKIPPED_METRIC`). Steps are counted from 1: "step s" is the s-th update, and
+(`SKIPPED_METRIC`). So does a state that is not finite after an update
+(`STATE_FINITE_METRIC`, whatever made it so, skipped or not): it is found
+with the update's metrics, before any hook saves it, so no checkpoint holds
+a non-finite state. Steps are counted from 1: "step s" is the s-th update, and
 the state after it has `state.step == s`.
 
 A hook may ask to stop early (`Hook.should_stop`); the loop then ends as if
@@ -23,7 +26,7 @@ import jax
 
 
 class NonFiniteError(FloatingPointError):
-  """The loss or gradient norm became NaN or infinite."""
+  """The loss, the gradient norm or the new state became NaN or infinite."""
 
 
 # Metrics checked for NaN/Inf after every update.
@@ -31,6 +34,9 @@ CHECKED_METRICS = ("train/loss", "grads/global_norm")
 # 1 when the train step skipped the update (`maxtext.optim.update_guard`):
 # its non-finite values did not reach the parameters, so the run goes on.
 SKIPPED_METRIC = "train/skipped"
+# 0 when the state after the update holds a NaN or infinity (a control flag
+# of the train step, not passed on to the hooks).
+STATE_FINITE_METRIC = "train/state_finite"
 
 
 class Hook:
@@ -75,6 +81,13 @@ class Hook:
 def _publish(step: int, device_metrics: Mapping[str, jax.Array],
              hooks: Sequence[Hook]) -> None:
   metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+  if not metrics.pop(STATE_FINITE_METRIC, 1.0):
+    raise NonFiniteError(
+        f"The parameters or optimizer state became NaN or infinite at step"
+        f" {step} (train/loss {metrics.get('train/loss')}, grads/global_norm"
+        f" {metrics.get('grads/global_norm')}); stopping before they are"
+        " saved: a rerun resumes from the last checkpoint. Lower"
+        " optimizer.learning_rate or check the data of this step.")
   if not metrics.get(SKIPPED_METRIC):
     for key in CHECKED_METRICS:
       value = metrics.get(key)
@@ -111,7 +124,8 @@ def run_loop(
     (final state, number of updates done).
 
   Raises:
-    NonFiniteError: the loss or gradient norm is not finite (names the step).
+    NonFiniteError: the loss, gradient norm or new state is not finite
+      (names the step).
   """
   step = start_step
   pending = None  # (step, device metrics) not yet published.

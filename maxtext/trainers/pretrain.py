@@ -106,6 +106,14 @@ CompileFn = Callable[[ExperimentConfig, jax.sharding.Mesh, Any,
                       dict[str, jax.ShapeDtypeStruct]], Any]
 
 
+def _nonfinite(tree) -> str | None:
+  """Why a restored state is unusable: it holds NaN or infinite values
+  (treated like a corrupt checkpoint)."""
+  if bool(jax.jit(train_state_lib.all_finite)(tree)):
+    return None
+  return "holds NaN or infinite values"
+
+
 def prepare(experiment: ExperimentConfig,
             checkpointers: Sequence[checkpoint_lib.Checkpointer] = (), *,
             compile_fn: CompileFn | None = None) -> Prepared:
@@ -120,8 +128,8 @@ def prepare(experiment: ExperimentConfig,
   start_step = 0
   data_state = None
   abstract = inputs.abstract_state
-  restored = checkpoint_lib.restore_newest(list(checkpointers),
-                                           abstract.checkpoint_tree())
+  restored = checkpoint_lib.restore_newest(
+      list(checkpointers), abstract.checkpoint_tree(), check=_nonfinite)
   if restored is not None:
     state = abstract.replace_checkpoint_tree(restored.state)
     data_state = restored.data_state

@@ -3,10 +3,13 @@
 import glob
 import json
 import os
+from unittest import mock
 
 from absl.testing import absltest
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
 from configs import gemma3
 from maxtext.checkpoint import manager as checkpoint_lib
@@ -16,7 +19,10 @@ from maxtext.metrics import writers
 from maxtext.trainers import config as config_lib
 from maxtext.trainers import eval_step
 from maxtext.trainers import hooks as hooks_lib
+from maxtext.trainers import loop
 from maxtext.trainers import pretrain
+from maxtext.trainers import step_setup
+from maxtext.trainers import train_state as train_state_lib
 
 _TEXT = """\
 Now is the winter of our discontent
@@ -119,6 +125,75 @@ class PretrainTest(absltest.TestCase):
     config.optimizer.warmup_steps = 0
     with self.assertRaisesRegex(FloatingPointError, r"at step \d"):
       pretrain.train(config, os.path.join(self.root, "nan"))
+
+  def test_an_update_that_makes_the_state_nonfinite_is_never_saved(self):
+    # The loss and gradients stay finite; the update itself puts NaN in the
+    # state (as an infinite learning rate did before the config refused it).
+    poison_at = [2]  # The count of the poisoned update; -1: none.
+
+    def poisoned_optimizer(opt_config, total_steps):
+      def update(updates, count, params=None):
+        del params
+        # A literal, not a Python branch: both runs compile the same program.
+        bad = count == poison_at[0]
+        return jax.tree.map(lambda u: jnp.where(bad, jnp.nan, u),
+                            updates), count + 1
+      return optax.chain(make_optimizer(opt_config, total_steps),
+                         optax.GradientTransformation(
+                             lambda _: jnp.zeros([], jnp.int32), update))
+
+    make_optimizer = step_setup.optimizer.make_optimizer
+
+    def config(steps):
+      config = _tiny_config(self.text_file, steps=steps)
+      config.checkpoint.every_steps = 1
+      return config
+
+    workdir = os.path.join(self.root, "poisoned")
+    with mock.patch.object(step_setup.optimizer, "make_optimizer",
+                           poisoned_optimizer):
+      with self.assertRaisesRegex(
+          loop.NonFiniteError, "optimizer state became NaN or infinite at"
+          " step 3 .*stopping before they are saved"):
+        pretrain.train(config(4), workdir)
+      checkpoints = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRNAME)
+      self.assertEqual(sorted(os.listdir(checkpoints)), ["1", "2"])
+      # A rerun (the cause gone) resumes from step 2 as if never poisoned.
+      poison_at[0] = -1
+      resumed = pretrain.train(config(4), workdir)
+      straight = pretrain.train(config(4), os.path.join(self.root, "clean"))
+    self.assertEqual(resumed.step, 4)
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params,
+                 straight.state.params)
+
+  def test_a_nonfinite_checkpoint_is_passed_over_like_a_corrupt_one(self):
+    workdir = os.path.join(self.root, "nan_checkpoint")
+    config = _tiny_config(self.text_file, steps=2)
+    config.checkpoint.every_steps = 1
+    first = pretrain.train(config, workdir)
+    # Step 3's checkpoint, as a run without the state check could save it:
+    # step 2's state with NaN parameters, its manifest intact.
+    checkpoints = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRNAME)
+    checkpointer = checkpoint_lib.Checkpointer(
+        checkpoints, max_to_keep=5, async_save=False, tier="persistent")
+    tree, data_state = checkpointer.restore(first.state.checkpoint_tree(), 2)
+    tree["params"] = jax.tree.map(lambda x: x * jnp.nan, tree["params"])
+    tree["step"] = tree["step"] + 1
+    checkpointer.save(3, tree, {**data_state, "next_step": 3})
+    checkpointer.close()
+    config.train.steps = 4
+    with self.assertLogs(level="WARNING") as logs:
+      resumed = pretrain.train(config, workdir)
+    self.assertTrue(any("Checkpoint of step 3" in line and
+                        "holds NaN or infinite values" in line
+                        for line in logs.output), logs.output)
+    self.assertEqual(resumed.step, 4)
+    self.assertTrue(bool(train_state_lib.all_finite(resumed.state.params)))
+    straight = pretrain.train(config, os.path.join(self.root, "straight4"))
+    jax.tree.map(np.testing.assert_array_equal, resumed.state.params,
+                 straight.state.params)
+    self.assertEqual(len(glob.glob(os.path.join(
+        checkpoints, f"3{checkpoint_lib.CORRUPT_MARK}*"))), 1)
 
   def test_eval_every_n_steps_equals_evaluating_the_state(self):
     eval_file = self.create_tempfile(

@@ -80,6 +80,14 @@ class TrainState:
     return self.replace(**tree)
 
 
+def all_finite(tree: Any) -> jax.Array:
+  """Whether every floating-point value of `tree` is finite (a bool scalar,
+  computed where the arrays are)."""
+  checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack(checks)) if checks else jnp.bool_(True)
+
+
 def split_model(model: nnx.Module):
   """(graphdef, params, model_state) of `model`, the states as pure dicts."""
   graphdef, params, model_state = nnx.split(model, nnx.Param, ...)

@@ -37,6 +37,7 @@ from maxtext.common import axes
 from maxtext.layers import moe
 from maxtext.models import mtp
 from maxtext.optim import update_guard
+from maxtext.trainers import loop
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers.train_state import TrainState
 
@@ -121,7 +122,8 @@ def train_step(state: TrainState,
     `moe/load_balance_loss`, `moe/router_z_loss` (both unweighted),
     `moe/dropped_fraction` (of the token-expert assignments) and
     `moe/load_imbalance` (max over mean expert load), and with multi-token
-    prediction `train/mtp_loss` (unweighted).
+    prediction `train/mtp_loss` (unweighted); and `loop.STATE_FINITE_METRIC`,
+    whether the new state is finite.
   """
   loss, z_term, grads, moe_stats = loss_and_grads(state, batch)
   # The loss goes to transformations that take it (`update_guard`).
@@ -150,6 +152,9 @@ def train_step(state: TrainState,
     model_state = train_state_lib.split_model(model)[2]
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state, model_state=model_state)
+  # Checked with the metrics, before the state can be saved (`loop`).
+  metrics[loop.STATE_FINITE_METRIC] = train_state_lib.all_finite(
+      (params, opt_state, model_state))
   return new_state, metrics
 
 
