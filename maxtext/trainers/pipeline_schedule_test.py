@@ -56,7 +56,7 @@ def _model_config(family: str, **overrides) -> ModelConfig:
 
 
 def _state(model_config: ModelConfig, ici: dict[str, int], devices,
-           pipeline_config: pipeline.PipelineConfig = pipeline.PipelineConfig()):
+           pipeline_config=pipeline.PipelineConfig()):
   mesh = mesh_lib.make_mesh(
       mesh_lib.MeshConfig(ici=mesh_lib.AxisSizes(**ici)), devices)
   rules = rules_lib.LogicalRules.from_config(
