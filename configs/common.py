@@ -325,6 +325,8 @@ def base_config() -> ml_collections.ConfigDict:
   # updates (once that many were applied); 0 is off.
   config.train.spike_zscore = 0.0
   config.train.spike_window = 100
+  # More skipped updates than this in a row stop the run, naming them.
+  config.train.max_consecutive_skips = 10
 
   config.mesh = ml_collections.ConfigDict()
   # Devices per mesh axis within a slice (ici) and slices per axis (dcn); the

@@ -45,6 +45,8 @@ class TrainConfig:
       `spike_window` applied updates; 0 is off.
     spike_window: Applied updates the spike statistics are taken over (and
       needed before spikes are looked for).
+    max_consecutive_skips: More skipped updates than this in a row stop the
+      run naming them (a run that skips everything learns nothing).
   """
 
   steps: int
@@ -54,9 +56,11 @@ class TrainConfig:
   skip_nonfinite: bool = False
   spike_zscore: float = 0.0
   spike_window: int = 100
+  max_consecutive_skips: int = 10
 
   def __post_init__(self):
-    for name in ("steps", "batch_size", "microbatches", "spike_window"):
+    for name in ("steps", "batch_size", "microbatches", "spike_window",
+                 "max_consecutive_skips"):
       sections.check_int(f"train.{name}", getattr(self, name), minimum=1)
     sections.check_int("train.seed", self.seed)
     sections.check_bool("train.skip_nonfinite", self.skip_nonfinite)

@@ -198,6 +198,28 @@ class ProfilerHook(loop.Hook):
       self._stop()
 
 
+class SkipLimit(loop.Hook):
+  """Stops the run with `loop.NonFiniteError` when more than `limit` updates
+  in a row were skipped (`loop.SKIPPED_METRIC`), naming them."""
+
+  def __init__(self, limit: int):
+    self.limit = limit
+    self._first = None  # First step of the current run of skips.
+
+  def on_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+    if not metrics.get(loop.SKIPPED_METRIC):
+      self._first = None
+      return
+    if self._first is None:
+      self._first = step
+    if step - self._first + 1 > self.limit:
+      raise loop.NonFiniteError(
+          f"Updates {self._first}..{step} were all skipped, more than"
+          f" train.max_consecutive_skips={self.limit} in a row; stopping the"
+          " run. Lower optimizer.learning_rate, check the data of these"
+          " steps, or raise train.spike_zscore.")
+
+
 class StopAtStep(loop.Hook):
   """Ends the run after update `step` (as if preempted, with a checkpoint)."""
 

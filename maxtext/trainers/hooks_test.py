@@ -125,6 +125,22 @@ class CheckpointHookTest(absltest.TestCase):
     self.assertEqual(local.all_steps(), [2, 4, 6])
 
 
+class SkipLimitTest(absltest.TestCase):
+
+  def test_more_skips_in_a_row_than_the_limit_stop_naming_them(self):
+    hook = hooks.SkipLimit(3)
+    skipped = {loop.SKIPPED_METRIC: 1.0}
+    # Runs of 3 skips (the limit) go on; an applied update starts over.
+    for step in range(1, 12):
+      hook.on_metrics(step, {loop.SKIPPED_METRIC: float(step not in (4, 8))})
+    with self.assertRaisesRegex(
+        loop.NonFiniteError, r"^Updates 9..12 were all skipped, more than"
+        r" train.max_consecutive_skips=3 in a row"):
+      hook.on_metrics(12, skipped)
+    # Without a guard there is no skip metric: nothing is counted.
+    hooks.SkipLimit(0).on_metrics(1, {"train/loss": 1.0})
+
+
 class ProfilerHookTest(absltest.TestCase):
 
   def test_traces_the_window(self):

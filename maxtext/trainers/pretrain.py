@@ -316,6 +316,7 @@ def _train(experiment: ExperimentConfig, config: ml_collections.ConfigDict,
           data_state=data_state, save_at_end=False), recorder, "checkpoint")
         for tier in local_tier),
       preemption_hook,
+      hooks_lib.SkipLimit(experiment.train.max_consecutive_skips),
   ]
   if log_config.profile_start_step >= 0:
     all_hooks.append(hooks_lib.ProfilerHook(
