@@ -13,6 +13,12 @@ Examples:
       --hf_dir=~/models/Qwen3-0.6B --out=ckpts/qwen3_0.6b --dtype=bfloat16
   tools/bazel run //maxtext/bin:convert_ckpt -- --to_hf \
       --checkpoint=runs/gemma3/checkpoints/150 --out=exports/gemma3
+
+--out is written whole or not at all: into a temporary sibling folder,
+renamed when complete. It must be new, empty or an earlier export of ours
+(replaced), and may not be or lie in a training workdir or the input.
+
+Exit status: 0 done; 1 an error, named in one line on stderr.
 """
 
 from absl import app
@@ -20,6 +26,7 @@ from absl import flags
 from absl import logging
 
 from maxtext.checkpoint import hf_convert
+from maxtext.common import cli
 from maxtext.common import paths
 
 _HF_DIR = flags.DEFINE_string(
@@ -47,15 +54,17 @@ def main(argv: list[str]) -> None:
       raise app.UsageError("--to_hf needs --checkpoint (and no --hf_dir).")
     checkpoint = paths.user_path(_CHECKPOINT.value)
     logging.info("Exporting %s to Hugging Face folder %s.", checkpoint, out)
-    hf_convert.orbax_to_hf(checkpoint, out,
-                           max_shard_size=_MAX_SHARD_SIZE.value)
+    with cli.errors_in_one_line("convert_ckpt"):
+      hf_convert.orbax_to_hf(checkpoint, out,
+                             max_shard_size=_MAX_SHARD_SIZE.value)
   else:
     if not _HF_DIR.value or _CHECKPOINT.value:
       raise app.UsageError("Give --hf_dir (or --to_hf with --checkpoint).")
     hf_dir = paths.user_path(_HF_DIR.value)
     logging.info("Converting %s to %s.", hf_dir, out)
-    hf_convert.hf_to_orbax(hf_dir, out, scan_layers=_SCAN_LAYERS.value,
-                           dtype=_DTYPE.value)
+    with cli.errors_in_one_line("convert_ckpt"):
+      hf_convert.hf_to_orbax(hf_dir, out, scan_layers=_SCAN_LAYERS.value,
+                             dtype=_DTYPE.value)
 
 
 if __name__ == "__main__":

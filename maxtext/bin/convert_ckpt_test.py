@@ -49,6 +49,51 @@ class ConvertBinaryTest(absltest.TestCase):
     for name, array in want.items():
       np.testing.assert_array_equal(got[name], array, err_msg=name)
 
+  def test_a_second_export_replaces_the_first_whole(self):
+    user_dir = self.create_tempdir().full_path
+    _write_hf_folder(os.path.join(user_dir, "hf"))
+    with mock.patch.dict(os.environ, {"BUILD_WORKING_DIRECTORY": user_dir}):
+      with flagsaver.flagsaver(hf_dir="hf", out="ours", scan_layers=False):
+        convert_ckpt.main(["convert_ckpt"])
+      for shard_size in ("2KB", "1GB"):  # Many files, then one.
+        with flagsaver.flagsaver(to_hf=True, checkpoint="ours", out="back",
+                                 max_shard_size=shard_size):
+          convert_ckpt.main(["convert_ckpt"])
+    names = sorted(os.listdir(os.path.join(user_dir, "back")))
+    self.assertEqual([n for n in names if n.endswith(".safetensors")],
+                     ["model.safetensors"])
+    self.assertNotIn("model.safetensors.index.json", names)
+
+  def test_outputs_that_would_lose_data_are_refused_in_one_line(self):
+    user_dir = self.create_tempdir().full_path
+    _write_hf_folder(os.path.join(user_dir, "hf"))
+    # A training workdir: its config.json must survive.
+    workdir = os.path.join(user_dir, "run")
+    os.makedirs(os.path.join(workdir, "checkpoints", "1"))
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write('{"model": {}}')
+    cases = [
+        (dict(to_hf=True, checkpoint="run", out="run"),
+         f"would overwrite its own input {workdir}"),
+        (dict(to_hf=True, checkpoint="hf", out="run/hf"),
+         f"is in the training workdir {workdir}"),
+        (dict(hf_dir="hf", out="hf"), "would overwrite its own input"),
+        (dict(hf_dir="hf", out="run"), "is in the training workdir"),
+    ]
+    with mock.patch.dict(os.environ, {"BUILD_WORKING_DIRECTORY": user_dir}):
+      for values, fragment in cases:
+        with flagsaver.flagsaver(**values):
+          with self.assertRaises(SystemExit) as caught:
+            convert_ckpt.main(["convert_ckpt"])
+        message = caught.exception.code
+        self.assertTrue(message.startswith(
+            "convert_ckpt: error: ExportTargetError: "), message)
+        self.assertIn(fragment, message)
+        self.assertNotIn("\n", message)
+    with open(os.path.join(workdir, "config.json")) as f:
+      self.assertEqual(f.read(), '{"model": {}}')
+    self.assertEqual(sorted(os.listdir(user_dir)), ["hf", "run"])
+
   def test_to_hf_needs_a_checkpoint(self):
     with flagsaver.flagsaver(to_hf=True, out="x"):
       with self.assertRaisesRegex(Exception, "--to_hf needs --checkpoint"):

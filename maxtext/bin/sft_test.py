@@ -3,6 +3,7 @@ Hugging Face folder that transformers loads with our merged model's logits;
 bad input ends in one line."""
 
 import os
+import shutil
 import subprocess
 import tempfile
 
@@ -102,6 +103,22 @@ class SftBinaryTest(absltest.TestCase):
         f"sft: error: WorkdirBusyError: Workdir {busy} is in use by another"
         f" run (pid {os.getpid()}"), message)
     self.assertEqual(sorted(os.listdir(busy)), [".lock"])  # Nothing written.
+
+  def test_loading_its_own_export_is_refused_before_training(self):
+    workdir = os.path.join(self.user_dir, "selfload")
+    shutil.copytree(os.path.join(self.user_dir, "ckpt"),
+                    os.path.join(workdir, "export"))
+    argv = pt.parse_binary_flags(_argv("--workdir=selfload",
+                                       "--load=selfload/export"))
+    with self.assertRaises(SystemExit) as caught:
+      pt.run_binary_main(sft.main, argv, self.user_dir)
+    message = caught.exception.code
+    self.assertEqual(
+        message, "sft: error: ExportTargetError: The export to"
+        f" {workdir}/export would overwrite its own input {workdir}/export;"
+        " choose another output folder.")
+    self.assertEqual(sorted(os.listdir(os.path.join(workdir, "export"))),
+                     sorted(os.listdir(os.path.join(self.user_dir, "ckpt"))))
 
   def test_a_rerun_loads_its_train_step_from_the_cache(self):
     env = train_process.cache_env()

@@ -44,6 +44,7 @@ import jax
 
 from maxtext.checkpoint import params_checkpoint
 from maxtext.checkpoint import safetensors_io
+from maxtext.common import exports
 from maxtext.common.model_config import DTYPES
 from maxtext.common.model_config import ModelConfig
 from maxtext.models import hf_weights
@@ -108,7 +109,8 @@ def hf_to_orbax(hf_dir: str, out_dir: str, *, scan_layers: bool = True,
   Args:
     hf_dir: Folder with `config.json` and `*.safetensors` (one file, or
       shards with `model.safetensors.index.json`).
-    out_dir: Output folder (must not hold a checkpoint yet).
+    out_dir: Output folder, written whole or not at all
+      (`maxtext.common.exports`): new, empty or an earlier export.
     scan_layers: Store the scanned layout (layers stacked) or the unscanned
       one (a list of blocks).
     dtype: Stored parameter dtype, one of `ModelConfig` DTYPES.
@@ -120,7 +122,9 @@ def hf_to_orbax(hf_dir: str, out_dir: str, *, scan_layers: bool = True,
     ConversionError: config.json or the weights are missing, refused
       (pickle) or do not fit the architecture; the message names the file or
       tensor.
+    exports.ExportTargetError: `out_dir` may not receive the export.
   """
+  exports.check_target(out_dir, sources=(hf_dir,))
   if dtype not in DTYPES:
     raise ConversionError(f"dtype={dtype!r} is not one of {DTYPES}.")
   cfg = dataclasses.replace(model_config_from_hf_dir(hf_dir),
@@ -143,10 +147,12 @@ def hf_to_orbax(hf_dir: str, out_dir: str, *, scan_layers: bool = True,
   if unset:
     raise ConversionError(f"The {cfg.family} model has parameters with no "
                           f"Hugging Face weight mapped: {unset}.")
-  params_checkpoint.save_converted(out_dir, cfg, params)
-  copied = _copy_files(hf_dir, out_dir, EXTRA_FILES)
-  _copy_files(hf_dir, out_dir, [HF_CONFIG_FILENAME],
-              rename={HF_CONFIG_FILENAME: ORIGINAL_HF_CONFIG_FILENAME})
+  with exports.writing(out_dir, sources=(hf_dir,),
+                       kind="converted") as folder:
+    params_checkpoint.save_converted(folder, cfg, params)
+    copied = _copy_files(hf_dir, folder, EXTRA_FILES)
+    _copy_files(hf_dir, folder, [HF_CONFIG_FILENAME],
+                rename={HF_CONFIG_FILENAME: ORIGINAL_HF_CONFIG_FILENAME})
   logging.info("Converted %s (%s, %d tensors) to %s; copied %s.", hf_dir,
                cfg.family, len(weights), out_dir, copied or "no extra files")
   return cfg
@@ -199,14 +205,17 @@ def write_hf_model(model: nnx.Module, out_dir: str, *,
 
 
 def orbax_to_hf(checkpoint: str, out_dir: str, *,
-                max_shard_size: int | str = "5GB") -> list[str]:
+                max_shard_size: int | str = "5GB",
+                owned: bool = False) -> list[str]:
   """Writes a Hugging Face checkpoint folder from one of ours.
 
   Args:
     checkpoint: A converted checkpoint, a training checkpoint
       `<workdir>/checkpoints/<step>`, or a workdir (its latest checkpoint).
-    out_dir: Output folder.
+    out_dir: Output folder, written whole or not at all
+      (`maxtext.common.exports`): new, empty or an earlier export.
     max_shard_size: Bytes per safetensors file at most ("5GB", "200MB").
+    owned: The caller owns `out_dir` (see `exports.check_target`).
 
   The output is the text-only model of the family (`Gemma3ForCausalLM`, not
   `Gemma3ForConditionalGeneration`, for a converted multimodal Gemma 3).
@@ -216,8 +225,19 @@ def orbax_to_hf(checkpoint: str, out_dir: str, *,
 
   Raises:
     ConversionError: the checkpoint cannot be read (names the path).
+    exports.ExportTargetError: `out_dir` may not receive the export.
   """
   checkpoint = os.path.abspath(checkpoint)
+  with exports.writing(out_dir, sources=(checkpoint,), kind="hf",
+                       owned=owned) as folder:
+    files = _orbax_to_hf(checkpoint, folder, out_dir, max_shard_size)
+  return [os.path.join(out_dir, os.path.basename(path)) for path in files]
+
+
+def _orbax_to_hf(checkpoint: str, out_dir: str, target: str,
+                 max_shard_size: int | str) -> list[str]:
+  """`orbax_to_hf` writing into `out_dir`, the folder that becomes
+  `target`."""
   original = None
   original_path = os.path.join(checkpoint, ORIGINAL_HF_CONFIG_FILENAME)
   if os.path.isfile(original_path):
@@ -237,6 +257,6 @@ def orbax_to_hf(checkpoint: str, out_dir: str, *,
     for name, path in _training_tokenizer(checkpoint).items():
       shutil.copyfile(path, os.path.join(out_dir, name))
       copied.append(name)
-  logging.info("Wrote %s (%s, %d safetensors files; copied %s).", out_dir,
+  logging.info("Wrote %s (%s, %d safetensors files; copied %s).", target,
                cfg.family, len(files), copied or "no tokenizer files")
   return files

@@ -29,6 +29,7 @@ import qwix
 
 from maxtext.checkpoint import hf_convert
 from maxtext.checkpoint import params_checkpoint
+from maxtext.common import exports
 from maxtext.common.model_config import ModelConfig
 from maxtext.layers import remat
 from maxtext.models import execution as execution_lib
@@ -195,20 +196,20 @@ def export(workdir: str, loaded: LoadedModel, lora: lora_lib.LoraConfig, *,
   Returns:
     {"export"|"hf"|"peft_adapter": folder} of what was written.
 
-  Folders left by an earlier export of the workdir are replaced.
+  Each folder is written whole or not at all and replaces what an earlier
+  export of the workdir left there (`maxtext.common.exports`).
 
   Raises:
     ValueError: a PEFT adapter is asked of a run without adapters.
+    exports.ExportTargetError: a folder would overwrite the starting
+      checkpoint.
   """
   model = loaded.model.model
-  for name in ("export", "hf", "peft_adapter"):
-    # A rerun (e.g. after resuming) rewrites what the last one exported.
-    shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
   written = {}
   if peft_adapter:
     written["peft_adapter"] = os.path.join(workdir, "peft_adapter")
-    lora_lib.save_peft_adapter(written["peft_adapter"], model, loaded.cfg,
-                               lora)
+    with _writing(written["peft_adapter"], loaded, "peft_adapter") as folder:
+      lora_lib.save_peft_adapter(folder, model, loaded.cfg, lora)
   if not merged:
     return written
   params = lora_lib.merged_params(model, loaded.cfg, lora)
@@ -216,11 +217,34 @@ def export(workdir: str, loaded: LoadedModel, lora: lora_lib.LoraConfig, *,
   if cfg.scan_layers:
     params = stack_layers(params)
   out_dir = written["export"] = os.path.join(workdir, "export")
-  params_checkpoint.save_converted(out_dir, cfg, params)
-  copied = _copy_checkpoint_files(loaded.path, out_dir, tokenizer)
+  with _writing(out_dir, loaded, "converted") as folder:
+    params_checkpoint.save_converted(folder, cfg, params)
+    copied = _copy_checkpoint_files(loaded.path, folder, tokenizer)
   logging.info("Exported the trained %s model to %s (copied %s).", cfg.family,
                out_dir, copied or "no tokenizer files")
   if hf:
     written["hf"] = os.path.join(workdir, "hf")
-    hf_convert.orbax_to_hf(out_dir, written["hf"])
+    hf_convert.orbax_to_hf(out_dir, written["hf"], owned=True)
   return written
+
+
+EXPORT_FOLDERS = ("export", "hf", "peft_adapter")
+
+
+def check_export_folders(workdir: str, load: str) -> None:
+  """Refuses, before a run starts, a starting checkpoint `load` that the
+  run's exports (`EXPORT_FOLDERS` of `workdir`) would overwrite.
+
+  Raises:
+    exports.ExportTargetError: naming both.
+  """
+  for name in EXPORT_FOLDERS:
+    exports.check_target(os.path.join(workdir, name), sources=(load,),
+                         owned=True)
+
+
+def _writing(target: str, loaded: LoadedModel, kind: str):
+  """`exports.writing` into the run's own workdir (an earlier export there
+  is replaced, atomically), never over the starting checkpoint."""
+  return exports.writing(target, sources=(loaded.path,), kind=kind,
+                         owned=True)

@@ -256,9 +256,12 @@ def run_binary(program: str, run: Callable[[ml_collections.ConfigDict, str],
 
 def start(config: ml_collections.ConfigDict, workdir: str
           ) -> tuple[PosttrainConfig, str]:
-  """Validates `config` and writes it to the (absolute) workdir."""
+  """Validates `config` (its exports may not overwrite `train.load`) and
+  writes it to the (absolute) workdir."""
   posttrain = PosttrainConfig.from_config_dict(config)
   workdir = os.path.abspath(workdir)
+  if posttrain.train.load:
+    base_model.check_export_folders(workdir, posttrain.train.load)
   if jax.process_index() == 0:
     workdir_lib.write_config(workdir, config.to_dict(), step=0)
   return posttrain, workdir

@@ -335,6 +335,8 @@ def run(config: ml_collections.ConfigDict,
   """
   rl_config = RlRunConfig.from_config_dict(config)
   workdir = os.path.abspath(workdir)
+  if rl_config.train.load:
+    base_model.check_export_folders(workdir, rl_config.train.load)
   if jax.process_index() == 0:
     workdir_lib.write_config(workdir, config.to_dict(), step=0)
   return run_grpo(rl_config, workdir)
