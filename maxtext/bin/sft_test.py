@@ -9,6 +9,7 @@ import tempfile
 
 from absl import flags
 from absl.testing import absltest
+from absl.testing import flagsaver
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -93,10 +94,10 @@ class SftBinaryTest(absltest.TestCase):
 
   def test_a_busy_workdir_is_refused_before_any_work(self):
     busy = os.path.join(self.user_dir, "busy")
-    argv = pt.parse_binary_flags(_argv("--workdir=busy"))
     with workdir_lib.exclusive(busy):  # Another run holds it.
-      with self.assertRaises(SystemExit) as caught:
-        pt.run_binary_main(sft.main, argv, self.user_dir)
+      with flagsaver.flagsaver(workdir="busy"):
+        with self.assertRaises(SystemExit) as caught:
+          self._main()
     message = caught.exception.code
     self.assertNotIn("\n", message)
     self.assertTrue(message.startswith(
@@ -108,10 +109,9 @@ class SftBinaryTest(absltest.TestCase):
     workdir = os.path.join(self.user_dir, "selfload")
     shutil.copytree(os.path.join(self.user_dir, "ckpt"),
                     os.path.join(workdir, "export"))
-    argv = pt.parse_binary_flags(_argv("--workdir=selfload",
-                                       "--load=selfload/export"))
-    with self.assertRaises(SystemExit) as caught:
-      pt.run_binary_main(sft.main, argv, self.user_dir)
+    with flagsaver.flagsaver(workdir="selfload", load="selfload/export"):
+      with self.assertRaises(SystemExit) as caught:
+        self._main()
     message = caught.exception.code
     self.assertEqual(
         message, "sft: error: ExportTargetError: The export to"
