@@ -45,9 +45,11 @@ def override_error_message(name: str, error: BaseException,
       override = "--" + path
       break
   section, _, key = override.removeprefix(f"--{name}.").partition(".")
-  if section == "model" and key in model_config.MOVED_KEYS:
-    return f"{override}: " + sections.moved_key_message(
-        f"model.{key}", model_config.MOVED_KEYS[key])
+  if section == "model":
+    try:
+      sections.check_moved(section, model_config.ModelConfig, [key])
+    except ValueError as moved:
+      return f"{override}: {moved}"
   hint = f" {rest.strip()}" if rest.strip() else ""
   return f"{override}: unknown config field {field!r}.{hint}"
 

@@ -267,10 +267,7 @@ class ModelConfig:
     """
     if hasattr(values, "to_dict"):
       values = values.to_dict()
-    for key in values:
-      if key in MOVED_KEYS:
-        raise ValueError(sections.moved_key_message(f"model.{key}",
-                                                    MOVED_KEYS[key]))
+    sections.check_moved("model", cls, values)
     fields = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(fields))
     if unknown:

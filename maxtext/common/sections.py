@@ -87,10 +87,18 @@ def _type_error(key: str, value: Any, annotation: Any) -> str | None:
   return None
 
 
-def moved_key_message(old: str, new: str) -> str:
-  """The one line for a config key `old` ("model.remat_policy") that moved
-  to `new` ("remat.policy")."""
-  return f"Config key '{old}' moved to '{new}'; set --config.{new} instead."
+def check_moved(name: str, cls: type[Any], keys: Iterable[str]) -> None:
+  """Refuses a key of section `name` that its class lists as moved
+  (`cls.MOVED_KEYS`: old key -> "section.key" now).
+
+  Raises:
+    ValueError: one line naming the old key and the new one.
+  """
+  moved = getattr(cls, "MOVED_KEYS", {})
+  for key in keys:
+    if key in moved:
+      raise ValueError(f"Config key '{name}.{key}' moved to '{moved[key]}';"
+                       f" set --config.{moved[key]} instead.")
 
 
 def build_section(name: str, cls: type[Any], values: Mapping[str, Any]) -> Any:
@@ -109,10 +117,7 @@ def build_section(name: str, cls: type[Any], values: Mapping[str, Any]) -> Any:
                      f" values, not {values!r}.")
   fields = [f.name for f in dataclasses.fields(cls)]
   unknown = sorted(set(values) - set(fields))
-  moved = getattr(cls, "MOVED_KEYS", {})
-  for key in unknown:
-    if key in moved:
-      raise ValueError(moved_key_message(f"{name}.{key}", moved[key]))
+  check_moved(name, cls, unknown)
   if unknown:
     keys = ", ".join(f"'{name}.{key}'" for key in unknown)
     raise ValueError(
