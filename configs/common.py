@@ -14,7 +14,8 @@ from maxtext.models import registry
 
 
 def model_defaults() -> ml_collections.ConfigDict:
-  """Every field of `maxtext.common.model_config.ModelConfig`.
+  """Every key of the flat `model` section
+  (`maxtext.common.model_config.ModelConfig.keys()`).
 
   The values are those of a plain pre-norm decoder (the dataclass's defaults);
   the shape fields are left for the family config to set. Listing every field

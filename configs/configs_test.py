@@ -1,7 +1,6 @@
 """Tests of the family configs: every variant is a valid ModelConfig."""
 
 import ast
-import dataclasses
 import inspect
 import sys
 from unittest import mock
@@ -40,14 +39,15 @@ class ConfigsTest(parameterized.TestCase):
     cfg = ModelConfig.from_dict(_FAMILIES[family].get_config(variant).model)
     module = registry.family_module(family)
     # The architecture is the family file's, stated there once.
-    self.assertEqual({name: getattr(cfg, name) for name in module.ARCHITECTURE},
+    flat = cfg.to_dict()
+    self.assertEqual({name: flat[name] for name in module.ARCHITECTURE},
                      module.ARCHITECTURE)
     # The family file reads the variant's Hugging Face config back as it:
     # the config holds nothing the family file does not describe.
     back = module.model_config_from_hf(module.hf_config_from_model_config(cfg))
-    compute = {name: getattr(cfg, name) for name in ("dtype", "param_dtype",
-                                                      "scan_layers")}
-    self.assertEqual(dataclasses.replace(back, **compute), cfg)
+    compute = {name: flat[name] for name in ("dtype", "param_dtype",
+                                              "scan_layers")}
+    self.assertEqual(back.replace(**compute), cfg)
 
   def test_a_config_cannot_restate_the_architecture(self):
     with self.assertRaisesRegex(
@@ -70,11 +70,11 @@ class ConfigsTest(parameterized.TestCase):
 
   def test_model_defaults_are_the_dataclass_defaults(self):
     defaults = common.model_defaults()
-    fields = dataclasses.fields(ModelConfig)
-    self.assertEqual(sorted(defaults), sorted(f.name for f in fields))
-    for field in fields:
-      if field.default is not dataclasses.MISSING:
-        self.assertEqual(defaults[field.name], field.default, field.name)
+    schema = ModelConfig.section_schema()
+    self.assertEqual(sorted(defaults), sorted(schema))
+    for key, default in ModelConfig.keys().items():
+      if not schema[key][1]:  # Not a key the family must set.
+        self.assertEqual(defaults[key], default, key)
 
   def test_query_scalar_overrides_from_the_command_line(self):
     flag_values = flags.FlagValues()
@@ -85,7 +85,7 @@ class ConfigsTest(parameterized.TestCase):
     with mock.patch.object(sys, "argv", argv):
       flag_values(argv)
     cfg = ModelConfig.from_dict(flag_values.config.model)
-    self.assertEqual(cfg.query_pre_attn_scalar, 100.0)
+    self.assertEqual(cfg.attention.query_pre_attn_scalar, 100.0)
 
   def test_gemma3_small_has_the_local_global_pattern(self):
     cfg = ModelConfig.from_dict(gemma3.get_config().model)
@@ -99,8 +99,8 @@ class ConfigsTest(parameterized.TestCase):
   def test_gemma2_alternates_local_and_global_layers(self):
     cfg = ModelConfig.from_dict(gemma2.get_config("2b").model)
     self.assertEqual(cfg.layer_windows()[:4], (4096, None, 4096, None))
-    self.assertEqual(cfg.rope_local_theta, cfg.rope_theta)
-    self.assertEqual((cfg.attn_logit_softcap, cfg.final_logit_softcap),
+    self.assertEqual(cfg.rope.local_theta, cfg.rope.theta)
+    self.assertEqual((cfg.attention.logit_softcap, cfg.final_logit_softcap),
                      (50.0, 30.0))
     self.assertEqual(ModelConfig.from_dict(gemma2.get_config().model)
                      .layer_windows(), (64, None) * 3)
@@ -108,15 +108,15 @@ class ConfigsTest(parameterized.TestCase):
   def test_mistral_window_applies_to_every_layer(self):
     cfg = ModelConfig.from_dict(mistral.get_config("7b").model)
     self.assertEqual(cfg.layer_windows(), (4096,) * 32)
-    self.assertEqual(cfg.rope_local_theta, cfg.rope_theta)
+    self.assertEqual(cfg.rope.local_theta, cfg.rope.theta)
     cfg = ModelConfig.from_dict(mistral.get_config("v0.3-7b").model)
     self.assertEqual(cfg.layer_windows(), (None,) * 32)
-    self.assertEqual((cfg.vocab_size, cfg.rope_theta), (32_768, 1e6))
+    self.assertEqual((cfg.vocab_size, cfg.rope.theta), (32_768, 1e6))
 
   def test_mistral_local_rotary_follows_rope_theta_override(self):
     config = mistral.get_config()
     config.model.rope_theta = 1e6
-    self.assertEqual(ModelConfig.from_dict(config.model).rope_local_theta, 1e6)
+    self.assertEqual(ModelConfig.from_dict(config.model).rope.local_theta, 1e6)
 
   @parameterized.parameters(
       ("qwen2_5", "0.5b", True), ("qwen2_5", "3b", True),
@@ -127,8 +127,8 @@ class ConfigsTest(parameterized.TestCase):
                                                   tied):
     cfg = ModelConfig.from_dict(_FAMILIES[family].get_config(variant).model)
     self.assertEqual(cfg.tie_embeddings, tied)
-    self.assertEqual(cfg.qkv_bias, family == "qwen2_5")
-    self.assertEqual(cfg.qk_norm, family == "qwen3")
+    self.assertEqual(cfg.attention.qkv_bias, family == "qwen2_5")
+    self.assertEqual(cfg.attention.qk_norm, family == "qwen3")
 
   @parameterized.parameters(*(_FAMILIES[family] for family in (
       "llama2", "llama3", "mistral", "gemma", "qwen2_5", "qwen3")))

@@ -3,7 +3,6 @@
 Test-only (imports torch); library code never imports this module.
 """
 
-import dataclasses
 
 from flax import nnx
 import jax.numpy as jnp
@@ -57,7 +56,7 @@ def assert_round_trip(hf_model: torch.nn.Module, cfg: ModelConfig,
     cfg: Our config of the same architecture (`model_config_from_hf`).
     **overrides: ModelConfig fields to change (scan_layers).
   """
-  cfg = dataclasses.replace(cfg, **overrides)
+  cfg = cfg.replace(**overrides)
   want = state_dict(hf_model)
   if cfg.tie_embeddings:
     np.testing.assert_array_equal(want.pop("lm_head.weight"),
@@ -83,7 +82,7 @@ def max_logit_diff(hf_model: torch.nn.Module, cfg: ModelConfig,
     attention_impl: Our attention kernel (`attention_kernel.impl`).
     **overrides: ModelConfig fields to change (scan_layers).
   """
-  cfg = dataclasses.replace(cfg, **overrides)
+  cfg = cfg.replace(**overrides)
   model = registry.create_model(
       cfg, rngs=nnx.Rngs(0), execution=execution.Execution(
           attention_kernel=dispatch.Kernel(impl=attention_impl)))

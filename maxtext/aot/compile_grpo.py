@@ -26,7 +26,6 @@ Shapes: N completions (prompts x generations), P prompt length, T
 completion length.
 """
 
-import dataclasses
 import tempfile
 
 import jax
@@ -113,7 +112,7 @@ def compile_grpo_step(config: RlRunConfig, hardware: topology_lib.Hardware
 
   model_cfg = (compile_tunix.checkpoint_model_config(config.train.load)
                if config.train.load else
-               dataclasses.replace(config.model, scan_layers=False))
+               config.model.replace(scan_layers=False))
   rollout = config.rollout
   return compile_tunix.compile_tunix_step(
       config, hardware, runtime, model_cfg=model_cfg,

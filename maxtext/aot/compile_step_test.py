@@ -58,8 +58,9 @@ class TpuCompileTest(absltest.TestCase):
     # XLA's cost of the scanned layers, extrapolated from 1 and 2 unrolled
     # ones, is that of 3 unrolled layers.
     unrolled = compile_step.compile_train_step(
-        dataclasses.replace(experiment, model=dataclasses.replace(
-            experiment.model, scan_layers=False)), step.hardware)
+        dataclasses.replace(
+            experiment, model=experiment.model.replace(scan_layers=False)),
+        step.hardware)
     cost = unrolled.compiled.cost_analysis()
     self.assertAlmostEqual(report.xla_flops / cost["flops"], 1.0, places=4)
     self.assertAlmostEqual(report.bytes_accessed / cost["bytes accessed"], 1.0,

@@ -90,7 +90,7 @@ def checkpoint_model_config(load: str) -> ModelConfig:
   """The model of checkpoint `load` as `base_model.load_model` builds it
   (unscanned); reads the checkpoint's config only."""
   checkpoint_cfg, _ = params_checkpoint.load_params(load, lazy=True)
-  return dataclasses.replace(checkpoint_cfg, scan_layers=False)
+  return checkpoint_cfg.replace(scan_layers=False)
 
 
 def _abstract_model(cfg: ModelConfig, lora: lora_lib.LoraConfig, seed: int,

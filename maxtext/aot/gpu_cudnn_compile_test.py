@@ -48,8 +48,9 @@ class GpuCudnnCompileTest(parameterized.TestCase):
     # every position and head, [B, L, H, K].
     model = experiment.model
     shard = ",".join(map(str, (experiment.train.batch_size // 8,
-                               experiment.data.seq_len, model.num_heads,
-                               model.head_dim)))
+                               experiment.data.seq_len,
+                               model.attention.num_heads,
+                               model.attention.head_dim)))
     for line in hlo.splitlines():
       if 'custom_call_target="__cudnn$fmhaSoftmax"' in line:
         self.assertIn(f"operand_layout_constraints={{bf16[{shard}]", line)

@@ -48,7 +48,7 @@ def fingerprint(experiment: ExperimentConfig, mesh: jax.sharding.Mesh,
   first = next(iter(devices))
   return _plain({
       "config": {
-          "model": dataclasses.asdict(experiment.model),
+          "model": experiment.model.to_dict(),
           "optimizer": dataclasses.asdict(experiment.optimizer),
           "train": train,
           "mesh": dataclasses.asdict(experiment.mesh),

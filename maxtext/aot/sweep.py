@@ -52,7 +52,8 @@ def default_layouts(experiment: ExperimentConfig,
   layouts = [parse_layout(f"fsdp={devices_per_slice}")]
   for tensor in (2, 4, 8):
     if (devices_per_slice % tensor == 0 and tensor < devices_per_slice and
-        model.num_heads % tensor == 0 and model.num_kv_heads % tensor == 0):
+        model.attention.num_heads % tensor == 0 and
+        model.attention.num_kv_heads % tensor == 0):
       layouts.append(parse_layout(
           f"fsdp={devices_per_slice // tensor},tensor={tensor}"))
   for data in (2, 4):

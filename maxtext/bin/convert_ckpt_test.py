@@ -18,9 +18,10 @@ from maxtext.models import registry
 
 
 def _write_hf_folder(folder: str) -> dict[str, np.ndarray]:
-  cfg = ModelConfig(family="qwen3", vocab_size=64, num_layers=2, embed_dim=16,
-                    mlp_dim=32, num_heads=2, num_kv_heads=1, head_dim=8,
-                    qk_norm=True, tie_embeddings=False)
+  cfg = ModelConfig.from_dict(dict(family="qwen3", vocab_size=64, num_layers=2,
+                                   embed_dim=16, mlp_dim=32, num_heads=2,
+                                   num_kv_heads=1, head_dim=8, qk_norm=True,
+                                   tie_embeddings=False))
   tensors = hf_weights.to_hf_weights(
       registry.create_model(cfg, rngs=nnx.Rngs(0)))
   safetensors_io.write_weights(folder, lambda: iter(tensors.items()))

@@ -27,7 +27,6 @@ from maxtext.common import paths
 host_memory.keep_freed_memory(reexec=__name__ == "__main__")
 
 # pylint: disable=wrong-import-position
-import dataclasses
 import os
 
 from absl import app
@@ -90,7 +89,7 @@ def _model(cfg, params):
   config = ptq.PtqConfig(qtype=_QUANTIZE.value)
   if cfg.scan_layers:
     params = base_model.unstack_layers(params)
-  cfg = dataclasses.replace(cfg, scan_layers=False)
+  cfg = cfg.replace(scan_layers=False)
   model = params_checkpoint.model_from_params(cfg, params)
   full_bytes = ptq.param_bytes(model)
   model = ptq.quantize_for_decode(model, config)

@@ -32,7 +32,6 @@ the shards from the shapes). Peak RSS above the imports, measured with
   random Llama shape (642 MB): 748 MB (1.17x) and 381 MB (0.59x).
 """
 
-import dataclasses
 import json
 import os
 import shutil
@@ -127,8 +126,8 @@ def hf_to_orbax(hf_dir: str, out_dir: str, *, scan_layers: bool = True,
   exports.check_target(out_dir, sources=(hf_dir,))
   if dtype not in DTYPES:
     raise ConversionError(f"dtype={dtype!r} is not one of {DTYPES}.")
-  cfg = dataclasses.replace(model_config_from_hf_dir(hf_dir),
-                            scan_layers=scan_layers, param_dtype=dtype)
+  cfg = model_config_from_hf_dir(hf_dir).replace(scan_layers=scan_layers,
+                                                 param_dtype=dtype)
   try:
     weights = safetensors_io.open_weights(hf_dir)
   except safetensors_io.WeightsError as e:

@@ -7,7 +7,6 @@ tensors must equal the originals bit for bit and `AutoModelForCausalLM` must
 load it and give the same logits.
 """
 
-import dataclasses
 import json
 import os
 
@@ -165,8 +164,8 @@ class HfConfigTest(parameterized.TestCase):
     # Compute choices, and None vs head_dim for the scalar.
     ignored = ("dtype", "param_dtype", "scan_layers", "query_pre_attn_scalar")
     self.assertEqual(
-        {k: v for k, v in dataclasses.asdict(back).items() if k not in ignored},
-        {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ignored})
+        {k: v for k, v in back.to_dict().items() if k not in ignored},
+        {k: v for k, v in cfg.to_dict().items() if k not in ignored})
 
 
 def _tiny_multimodal_gemma3() -> torch.nn.Module:
@@ -276,9 +275,10 @@ class MultimodalGemma3Test(parameterized.TestCase):
     cfg = hf_convert.model_config_from_hf_dir(hf_dir)
     self.assertEqual(
         (cfg.family, cfg.vocab_size, cfg.num_layers, cfg.embed_dim,
-         cfg.mlp_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-         cfg.sliding_window, cfg.global_layer_interval, cfg.rope_theta,
-         cfg.rope_local_theta, cfg.rope_scaling, cfg.rope_scaling_factor,
+         cfg.mlp.dim, cfg.attention.num_heads, cfg.attention.num_kv_heads,
+         cfg.attention.head_dim, cfg.pattern.sliding_window,
+         cfg.pattern.global_layer_interval, cfg.rope.theta,
+         cfg.rope.local_theta, cfg.rope.scaling, cfg.rope.scaling_factor,
          cfg.tie_embeddings),
         ("gemma3", 262_208, 34, 2560, 10240, 8, 4, 256, 1024, 6, 1e6, 1e4,
          "linear", 8.0, True))

@@ -23,7 +23,6 @@ exporter holds one parameter at a time instead of the model.
 """
 
 from collections.abc import Callable
-import dataclasses
 import functools
 import json
 import os
@@ -116,7 +115,7 @@ def save_converted(out_dir: str, cfg: ModelConfig,
     checkpointer.save(params_dir, args=ocp.args.StandardSave(params))
   with open(os.path.join(out_dir, MODEL_CONFIG_FILENAME), "w",
             encoding="utf-8") as f:
-    json.dump(dataclasses.asdict(cfg), f, indent=2)
+    json.dump(cfg.to_dict(), f, indent=2)
     f.write("\n")
 
 

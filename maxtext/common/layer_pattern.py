@@ -27,8 +27,80 @@ periods, which `segments` makes as small as it can be.
 import collections
 import dataclasses
 import functools
+from typing import TYPE_CHECKING, ClassVar
 
-from maxtext.common.model_config import ModelConfig
+from maxtext.common import sections
+
+if TYPE_CHECKING:  # model_config builds its pattern from this module.
+  from maxtext.common.model_config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PatternConfig:
+  """Which layers are local or global and which have experts
+  (`ModelConfig.pattern`).
+
+  Attributes (their `model` section keys in `KEYS`):
+    sliding_window: Keys a local layer's query sees, itself included; 0:
+      every layer is global.
+    global_layer_interval: With a sliding window, layer `i` (0-based) is
+      global when `(i + 1) % global_layer_interval == 0` and local
+      otherwise; 0: every layer is local.
+    first_dense_layers: In a model with experts, the first this-many layers
+      have a dense MLP instead (DeepSeek's first_k_dense_replace).
+    moe_layer_interval: After those, layer `i` has experts when
+      `(i + 1) % moe_layer_interval == 0` and the dense MLP otherwise
+      (Llama 4's interleave_moe_layer_step); 1: every one has experts.
+  """
+
+  KEYS: ClassVar[dict[str, str]] = {
+      "sliding_window": "sliding_window",
+      "global_layer_interval": "global_layer_interval",
+      "first_dense_layers": "first_dense_layers",
+      "moe_layer_interval": "moe_layer_interval",
+  }
+
+  sliding_window: int = 0
+  global_layer_interval: int = 1
+  first_dense_layers: int = 0
+  moe_layer_interval: int = 1
+
+  def __post_init__(self):
+    def fail(field, valid):
+      sections.fail_part(self, field, valid)
+
+    for name in ("sliding_window", "global_layer_interval",
+                 "first_dense_layers"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        fail(name, "must be an integer >= 0 (0 turns it off)")
+    interval = self.moe_layer_interval
+    if isinstance(interval, bool) or not isinstance(interval, int) or (
+        interval < 1):
+      fail("moe_layer_interval", "must be a positive integer")
+    if self.sliding_window == 0 and self.global_layer_interval != 1:
+      fail("global_layer_interval",
+           "must be 1 when sliding_window=0 (every layer is global)")
+    if self.sliding_window > 0 and self.global_layer_interval == 1:
+      fail("global_layer_interval",
+           f"1 makes every layer global, so sliding_window="
+           f"{self.sliding_window} is unused; use 0 for all-local layers or "
+           "set sliding_window=0")
+
+  def windows(self, num_layers: int) -> tuple[int | None, ...]:
+    """Sliding window of each layer; None for a global layer."""
+    if self.sliding_window == 0:
+      return (None,) * num_layers
+    interval = self.global_layer_interval
+    return tuple(
+        None if interval and (i + 1) % interval == 0 else self.sliding_window
+        for i in range(num_layers))
+
+  def moe_layer(self, layer: int, num_experts: int) -> bool:
+    """Whether layer `layer` (0-based) of a model with `num_experts` routed
+    experts has them instead of a dense MLP."""
+    return (num_experts > 0 and layer >= self.first_dense_layers
+            and (layer + 1) % self.moe_layer_interval == 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,15 +116,12 @@ class LayerKind:
   experts: bool
   global_sizes: bool = False
 
-  def config(self, cfg: ModelConfig) -> ModelConfig:
+  def config(self, cfg: "ModelConfig") -> "ModelConfig":
     """`cfg` as this kind's blocks read it: its attention sizes in place of
     the model's."""
     if not self.global_sizes:
       return cfg
-    return dataclasses.replace(
-        cfg, head_dim=cfg.global_head_dim or cfg.head_dim,
-        num_kv_heads=cfg.global_num_kv_heads or cfg.num_kv_heads,
-        global_head_dim=0, global_num_kv_heads=0)
+    return dataclasses.replace(cfg, attention=cfg.attention.global_sizes())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,30 +140,30 @@ class Segment:
   groups: int
 
 
-def layers(cfg: ModelConfig) -> tuple[Layer, ...]:
+def layers(cfg: "ModelConfig") -> tuple[Layer, ...]:
   """Every layer of `cfg`, in order."""
-  global_sizes = bool(cfg.global_head_dim or cfg.global_num_kv_heads)
+  global_sizes = cfg.attention.global_sizes_key() is not None
   result = []
   for index, window in enumerate(cfg.layer_windows()):
     experts = cfg.moe_layer(index)
     sized = global_sizes and window is None
     name = ("global_" if sized else "") + (
-        "dense_" if cfg.num_experts and not experts else "") + "blocks"
+        "dense_" if cfg.moe.num_experts and not experts else "") + "blocks"
     result.append(Layer(LayerKind(name, experts, sized), window))
   return tuple(result)
 
 
-def kind_counts(cfg: ModelConfig) -> dict[LayerKind, int]:
+def kind_counts(cfg: "ModelConfig") -> dict[LayerKind, int]:
   """{kind: its number of layers}, in order of the kinds' first layers."""
   return dict(collections.Counter(layer.kind for layer in layers(cfg)))
 
 
-def kinds(cfg: ModelConfig) -> tuple[LayerKind, ...]:
+def kinds(cfg: "ModelConfig") -> tuple[LayerKind, ...]:
   """The distinct layer kinds of `cfg`, in order of their first layer."""
   return tuple(kind_counts(cfg))
 
 
-def kind_layers(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+def kind_layers(cfg: "ModelConfig") -> dict[str, tuple[int, ...]]:
   """{kind name: the model layers of that kind, in order}: entry j of a
   kind's stack is layer `kind_layers(cfg)[name][j]`."""
   result = {}

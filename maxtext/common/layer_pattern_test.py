@@ -1,6 +1,5 @@
 """Tests of the layer pattern: kinds, stack slots and the scan segments."""
 
-import dataclasses
 import itertools
 import random
 
@@ -9,13 +8,13 @@ from absl.testing import absltest
 from maxtext.common import layer_pattern
 from maxtext.common.model_config import ModelConfig
 
-_BASE = ModelConfig(family="qwen3_moe", vocab_size=64, num_layers=10,
-                    embed_dim=32, mlp_dim=48, num_heads=4, num_kv_heads=2,
-                    head_dim=8)
+_BASE = ModelConfig.from_dict(dict(family="qwen3_moe", vocab_size=64,
+                                   num_layers=10, embed_dim=32, mlp_dim=48,
+                                   num_heads=4, num_kv_heads=2, head_dim=8))
 
 
 def _cfg(**changes) -> ModelConfig:
-  return dataclasses.replace(_BASE, **changes)
+  return _BASE.replace(**changes)
 
 
 def _mixed(**changes) -> ModelConfig:
@@ -72,7 +71,8 @@ class LayerPatternTest(absltest.TestCase):
     kinds = {kind.name: kind for kind in layer_pattern.kinds(cfg)}
     self.assertEqual(list(kinds), ["dense_blocks", "blocks", "global_blocks"])
     sized = kinds["global_blocks"].config(cfg)
-    self.assertEqual((sized.head_dim, sized.num_kv_heads), (16, 1))
+    self.assertEqual(
+        (sized.attention.head_dim, sized.attention.num_kv_heads), (16, 1))
     self.assertIs(kinds["blocks"].config(cfg), cfg)
     self.assertTrue(kinds["global_blocks"].experts)
     self.assertFalse(kinds["dense_blocks"].experts)

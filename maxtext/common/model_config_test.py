@@ -16,7 +16,7 @@ class ModelConfigTest(parameterized.TestCase):
 
   def test_from_dict_builds_the_config(self):
     cfg = ModelConfig.from_dict(_VALID)
-    self.assertEqual(cfg, ModelConfig(**_VALID))
+    self.assertEqual(cfg, ModelConfig.from_dict(_VALID))
 
   def test_from_dict_names_unknown_key_and_valid_fields(self):
     with self.assertRaisesRegex(TypeError, r"\['num_head'\].*num_heads"):
@@ -40,11 +40,55 @@ class ModelConfigTest(parameterized.TestCase):
            "pipeline_repeats": 2}
     self.assertEqual(set(old) - set(_VALID), set(model_config.MOVED_KEYS))
     self.assertEqual(ModelConfig.from_dict(model_config.migrate(old)),
-                     ModelConfig(**_VALID))
+                     ModelConfig.from_dict(_VALID))
     self.assertEqual(model_config.migrate(_VALID), _VALID)
 
+  def test_parts_hold_their_keys_and_to_dict_gives_them_back(self):
+    values = {**_VALID, "rope_theta": 5e5, "num_experts": 4,
+              "moe_mlp_dim": 8, "num_experts_per_token": 2,
+              "moe_impl": "capacity", "sliding_window": 4,
+              "global_layer_interval": 2, "norm_eps": 1e-5,
+              "mtp_layers": 1}
+    cfg = ModelConfig.from_dict(values)
+    self.assertEqual(
+        (cfg.attention.num_heads, cfg.mlp.dim, cfg.rope.theta,
+         cfg.moe.impl, cfg.moe.mlp_dim, cfg.pattern.sliding_window,
+         cfg.norm.eps, cfg.mtp.layers),
+        (4, 32, 5e5, "capacity", 8, 4, 1e-5, 1))
+    flat = cfg.to_dict()
+    self.assertEqual(set(flat), set(ModelConfig.keys()))
+    self.assertEqual({k: flat[k] for k in values}, values)
+    self.assertEqual(ModelConfig.from_dict(flat), cfg)
+    self.assertEqual(cfg.replace(moe_impl="dense").moe.impl, "dense")
+    self.assertEqual(cfg.replace(num_layers=2).num_layers, 2)
+
+  def test_every_key_belongs_to_one_part_or_the_model(self):
+    part_keys = [key for part in model_config.PARTS.values()
+                 for key in part.KEYS.values()]
+    self.assertEqual(len(part_keys), len(set(part_keys)))
+    for name, part in model_config.PARTS.items():
+      self.assertEqual(set(part.KEYS),
+                       {f.name for f in dataclasses.fields(part)}, name)
+    top = {f.name for f in dataclasses.fields(ModelConfig)
+           if f.name not in model_config.PARTS}
+    self.assertFalse(top & set(part_keys))
+    self.assertEqual(set(ModelConfig.keys()), top | set(part_keys))
+
+  @parameterized.parameters(
+      (dict(kv_lora_rank=0), "kv_lora_rank"),
+      (dict(num_kv_heads=2), "num_kv_heads"),
+      (dict(qk_norm=True), "qk_norm"),
+      (dict(attention_type="mqa"), "attention_type"),
+      (dict(attention_type="gqa"), "q_lora_rank"),
+  )
+  def test_bad_mla_config_is_named(self, changes, field):
+    mla = dict(_VALID, attention_type="mla", num_kv_heads=4, q_lora_rank=16,
+               kv_lora_rank=12, qk_nope_head_dim=6, v_head_dim=10)
+    with self.assertRaisesRegex(ValueError, f"ModelConfig.{field}="):
+      ModelConfig.from_dict({**mla, **changes})
+
   def test_is_frozen(self):
-    cfg = ModelConfig(**_VALID)
+    cfg = ModelConfig.from_dict(_VALID)
     with self.assertRaises(dataclasses.FrozenInstanceError):
       cfg.num_layers = 2
 
@@ -72,29 +116,36 @@ class ModelConfigTest(parameterized.TestCase):
       ("bias_bool", dict(qkv_bias="yes"), "qkv_bias='yes'", "True or False"),
       ("query_scalar", dict(query_pre_attn_scalar=-1.0),
        "query_pre_attn_scalar=-1.0", "positive"),
+      ("dense_layers", dict(num_experts=4, moe_mlp_dim=8,
+                            first_dense_layers=8),
+       "first_dense_layers=8", "below num_layers=8"),
+      ("dense_layers_without_experts", dict(first_dense_layers=1),
+       "num_experts=0", "first_dense_layers is set"),
   )
   def test_invalid_value_names_field_value_and_valid_values(
       self, override, field_and_value, valid):
     with self.assertRaises(ValueError) as error:
-      ModelConfig(**{**_VALID, **override})
+      ModelConfig.from_dict({**_VALID, **override})
     self.assertIn(f"ModelConfig.{field_and_value}", str(error.exception))
     self.assertIn(valid, str(error.exception))
 
   def test_layer_windows_all_global_without_window(self):
-    self.assertEqual(ModelConfig(**_VALID).layer_windows(), (None,) * 8)
+    self.assertEqual(ModelConfig.from_dict(_VALID).layer_windows(), (None,) * 8)
 
   def test_layer_windows_local_global_pattern(self):
-    cfg = ModelConfig(**_VALID, sliding_window=4, global_layer_interval=3)
+    cfg = ModelConfig.from_dict(
+        dict(**_VALID, sliding_window=4, global_layer_interval=3))
     self.assertEqual(cfg.layer_windows(),
                      (4, 4, None, 4, 4, None, 4, 4))
 
   def test_layer_windows_all_local(self):
-    cfg = ModelConfig(**_VALID, sliding_window=4, global_layer_interval=0)
+    cfg = ModelConfig.from_dict(
+        dict(**_VALID, sliding_window=4, global_layer_interval=0))
     self.assertEqual(cfg.layer_windows(), (4,) * 8)
 
   def test_query_scale(self):
-    self.assertEqual(ModelConfig(**_VALID).query_scale, 8**-0.5)
-    cfg = ModelConfig(**_VALID, query_pre_attn_scalar=16.0)
+    self.assertEqual(ModelConfig.from_dict(_VALID).query_scale, 8**-0.5)
+    cfg = ModelConfig.from_dict(dict(**_VALID, query_pre_attn_scalar=16.0))
     self.assertEqual(cfg.query_scale, 0.25)
 
 

@@ -115,7 +115,8 @@ def build_section(name: str, cls: type[Any], values: Mapping[str, Any]) -> Any:
   if not isinstance(values, Mapping):
     raise ValueError(f"Config section '{name}' must be a mapping of keys to"
                      f" values, not {values!r}.")
-  fields = [f.name for f in dataclasses.fields(cls)]
+  schema = _schema(cls)
+  fields = list(schema)
   unknown = sorted(set(values) - set(fields))
   check_moved(name, cls, unknown)
   if unknown:
@@ -123,19 +124,30 @@ def build_section(name: str, cls: type[Any], values: Mapping[str, Any]) -> Any:
     raise ValueError(
         f"Unknown config key {keys}{_did_you_mean(unknown, fields, name + '.')}"
         f"; valid keys of '{name}': {fields}.")
-  required = [f.name for f in dataclasses.fields(cls)
-              if f.default is dataclasses.MISSING and
-              f.default_factory is dataclasses.MISSING]
-  missing = [key for key in required if key not in values]
+  missing = [key for key, (_, required) in schema.items()
+             if required and key not in values]
   if missing:
     keys = ", ".join(f"'{name}.{key}'" for key in missing)
     raise ValueError(f"Missing config key {keys}; set it in the config file.")
-  hints = typing.get_type_hints(cls)
   for key, value in values.items():
-    error = _type_error(f"{name}.{key}", value, hints.get(key))
+    error = _type_error(f"{name}.{key}", value, schema[key][0])
     if error:
       raise ValueError(error)
+  if hasattr(cls, "section_schema"):
+    return cls.from_dict(values)
   return cls(**paths.resolve_values(cls, values))
+
+
+def _schema(cls: type[Any]) -> dict[str, tuple[Any, bool]]:
+  """{key: (its type, whether required)} of a section's dataclass, or the
+  class's own `section_schema()` (a section whose keys are not its fields,
+  as the flat `model` section of `ModelConfig`, built by `from_dict`)."""
+  if hasattr(cls, "section_schema"):
+    return cls.section_schema()
+  hints = typing.get_type_hints(cls)
+  return {f.name: (hints.get(f.name), f.default is dataclasses.MISSING and
+                   f.default_factory is dataclasses.MISSING)
+          for f in dataclasses.fields(cls)}
 
 
 def build_sections(config: Mapping[str, Any],
@@ -224,6 +236,15 @@ def check_bool(key: str, value: Any) -> None:
   """
   if not isinstance(value, bool):
     raise ValueError(f"{key}={value!r} must be True or False.")
+
+
+def fail_part(part: Any, field: str, valid: str) -> None:
+  """Raises the error of field `field` of `part`, a part of the `model`
+  section (`maxtext.common.model_config`), naming the key a user sets
+  (`part.KEYS[field]`): "ModelConfig.<key>=<value> is invalid: <valid>."."""
+  key = type(part).KEYS[field]
+  raise ValueError(f"ModelConfig.{key}={getattr(part, field)!r} is invalid:"
+                   f" {valid}.")
 
 
 def _range(kind: str, minimum: Any, maximum: Any) -> str:

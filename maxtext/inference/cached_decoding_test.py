@@ -80,7 +80,8 @@ class CachedDecodingTest(parameterized.TestCase):
     cfg = _tiny(family, scan_layers=scan_layers)
     model = _model(cfg)
     diff, _ = self.max_diff(model, model.init_cache(2, _LENGTH))
-    print(f"{family} scan_layers={scan_layers} window={cfg.sliding_window}: "
+    print(f"{family} scan_layers={scan_layers}"
+          f" window={cfg.pattern.sliding_window}: "
           f"max |cached - full| = {diff:.3g}")
     self.assertLessEqual(diff, _TOLERANCE)
 

@@ -96,7 +96,7 @@ def _unscanned(model):
         for i in range(count)]))
   # Decoding never pipelines (`Decoder` pipelines only without a cache), so
   # the unscanned model may keep the execution it was built with.
-  model.cfg = dataclasses.replace(cfg, scan_layers=False)
+  model.cfg = cfg.replace(scan_layers=False)
   return model
 
 
@@ -213,7 +213,7 @@ def _paging(model, kv_cache, page_size, num_pages, impl) -> _Paging | None:
                      f"{list(KV_CACHES)}.")
   if kv_cache == "dense":
     return None
-  if model.cfg.attention_type == "mla":
+  if model.cfg.attention.type == "mla":
     raise ValueError("kv_cache='paged' does not serve multi-head latent "
                      "attention (attention_type='mla', its cache holds "
                      "latents); use kv_cache='dense'.")

@@ -9,7 +9,6 @@ layers included), a pipelined model decodes like the same weights
 unpipelined, and prompts padded to one bucket share one compilation.
 """
 
-import dataclasses
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -68,7 +67,7 @@ class GenerateTest(parameterized.TestCase):
 
   def test_pipelined_model_decodes_like_the_same_weights_unpipelined(self):
     # Decoding unstacks the layers; the pipeline stages play no part.
-    cfg = dataclasses.replace(_tiny("llama3"), num_layers=4)
+    cfg = _tiny("llama3").replace(num_layers=4)
     prompts = [[1, 2, 3], [9, 8]]
     pipelined = _model(cfg, execution.Execution(
         pipeline=pipeline.PipelineConfig(stages=2)))

@@ -7,7 +7,6 @@ row must equal transformers' greedy generation of that prompt alone. The
 sliding-window families (window 5) generate past their window.
 """
 
-import dataclasses
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -35,7 +34,7 @@ class HfGreedyTest(parameterized.TestCase):
     for scan_layers in (True, False):
       with self.subTest(scan_layers=scan_layers):
         model = registry.create_model(
-            dataclasses.replace(cfg, scan_layers=scan_layers),
+            cfg.replace(scan_layers=scan_layers),
             rngs=nnx.Rngs(0))
         hf_weights.load_hf_weights(model, hf_reference.state_dict(hf_model))
         got = generate.generate(model, _PROMPTS, max_new_tokens=_NEW_TOKENS)

@@ -221,7 +221,7 @@ def _llama_state(context_parallel, **ici):
   rules = rules_lib.LogicalRules.from_config(
       mesh, rules_lib.ShardingConfig(**common.sharding_defaults()))
   return train_state_lib.create_train_state(
-      ModelConfig(**values), execution=execution.Execution(
+      ModelConfig.from_dict(values), execution=execution.Execution(
           attention_kernel=dispatch.Kernel(context_parallel=context_parallel)),
       seed=0, tx=optax.sgd(0.1),
       schedule=optax.constant_schedule(0.1), z_loss=0.0, mesh=mesh,

@@ -17,13 +17,16 @@ decode steps run `maxtext.kernels.paged_attention` over the pages (its
 `impl` is the cache's).
 """
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from flax import nnx
 
 from maxtext.common import axes
-from maxtext.common.model_config import ModelConfig
+from maxtext.common import sections
 from maxtext.kernels import attention as attention_kernels
 from maxtext.kernels import dispatch as attention_dispatch
 from maxtext.kernels import paged_attention
@@ -33,52 +36,160 @@ from maxtext.layers import norm
 from maxtext.layers import rope
 
 
+# "gqa": this module; "mla": multi-head latent attention (DeepSeek,
+# `maxtext.layers.mla`).
+TYPES = ("gqa", "mla")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttentionConfig:
+  """A model's self-attention (`ModelConfig.attention`).
+
+  Attributes (their `model` section keys in `KEYS`):
+    type: "gqa" (this module) or "mla" (`maxtext.layers.mla`, whose
+      `head_dim` is the width of the decoupled rotary part of each query and
+      key head and whose `num_kv_heads` equals `num_heads`).
+    num_heads: Query heads.
+    num_kv_heads: Key/value heads; divides `num_heads` (GQA, MQA when 1).
+    head_dim: Width of one attention head.
+    qk_norm: RMSNorm over the head dim of queries and keys.
+    qkv_bias: The query, key and value projections add a bias.
+    output_bias: The output projection adds a bias (GPT-OSS).
+    sinks: Each query head has a learned sink logit that joins its softmax
+      denominator (GPT-OSS; `maxtext.kernels.attention`).
+    query_pre_attn_scalar: Queries are scaled by its -1/2 power; None: the
+      query/key head width's (`query_scale`).
+    logit_softcap: Logits become `c * tanh(logits / c)`; 0 is off.
+    global_head_dim: Width of a global layer's heads when it differs from
+      `head_dim` (Gemma 4); 0: `head_dim`. Such layers are a layer kind of
+      their own (`maxtext.common.layer_pattern`).
+    global_num_kv_heads: A global layer's key/value heads when they differ
+      from `num_kv_heads`; 0: `num_kv_heads`.
+  """
+
+  KEYS: ClassVar[dict[str, str]] = {
+      "type": "attention_type", "num_heads": "num_heads",
+      "num_kv_heads": "num_kv_heads", "head_dim": "head_dim",
+      "qk_norm": "qk_norm", "qkv_bias": "qkv_bias",
+      "output_bias": "attention_output_bias", "sinks": "attention_sinks",
+      "query_pre_attn_scalar": "query_pre_attn_scalar",
+      "logit_softcap": "attn_logit_softcap",
+      "global_head_dim": "global_head_dim",
+      "global_num_kv_heads": "global_num_kv_heads",
+  }
+
+  type: str = "gqa"
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  qk_norm: bool = False
+  qkv_bias: bool = False
+  output_bias: bool = False
+  sinks: bool = False
+  query_pre_attn_scalar: float | None = None
+  logit_softcap: float = 0.0
+  global_head_dim: int = 0
+  global_num_kv_heads: int = 0
+
+  def __post_init__(self):
+    def fail(field, valid):
+      sections.fail_part(self, field, valid)
+
+    if self.type not in TYPES:
+      fail("type", f"valid values are {TYPES}")
+    for name in ("num_heads", "num_kv_heads", "head_dim"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        fail(name, "must be a positive integer")
+    if self.num_heads % self.num_kv_heads:
+      fail("num_kv_heads", f"must divide num_heads={self.num_heads}")
+    if self.head_dim % 2:
+      fail("head_dim", "must be even (rotary embeddings)")
+    for name in ("qk_norm", "qkv_bias", "output_bias", "sinks"):
+      if not isinstance(getattr(self, name), bool):
+        fail(name, "must be True or False")
+    scalar = self.query_pre_attn_scalar
+    if scalar is not None and scalar <= 0:
+      fail("query_pre_attn_scalar",
+           "must be positive or None (None means head_dim)")
+    if self.logit_softcap < 0:
+      fail("logit_softcap", "must be >= 0 (0 turns it off)")
+    for name in ("global_head_dim", "global_num_kv_heads"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        fail(name, "must be an integer >= 0 (0: the model's)")
+    if self.global_head_dim % 2:
+      fail("global_head_dim", "must be even (rotary embeddings)")
+    if self.global_num_kv_heads and self.num_heads % self.global_num_kv_heads:
+      fail("global_num_kv_heads", f"must divide num_heads={self.num_heads}")
+    name = self.global_sizes_key()
+    if name and self.type != "gqa":
+      fail(name, f'serves attention_type="gqa" only, not {self.type!r};'
+           " use 0")
+
+  def global_sizes_key(self) -> str | None:
+    """The field setting global layers' own sizes, if any is set."""
+    return ("global_head_dim" if self.global_head_dim else
+            "global_num_kv_heads" if self.global_num_kv_heads else None)
+
+  def global_sizes(self) -> "AttentionConfig":
+    """The attention of a global layer: its own sizes in place of these."""
+    return dataclasses.replace(
+        self, head_dim=self.global_head_dim or self.head_dim,
+        num_kv_heads=self.global_num_kv_heads or self.num_kv_heads,
+        global_head_dim=0, global_num_kv_heads=0)
+
+  def query_scale(self, qk_head_dim: int) -> float:
+    """Multiplier of the queries before their dot product with keys of
+    width `qk_head_dim`: `query_pre_attn_scalar` (or that width) ** -0.5."""
+    return (self.query_pre_attn_scalar or qk_head_dim)**-0.5
+
+
 class Attention(nnx.Module):
   """q/k/v projections -> (q/k norm) -> rotary -> causal attention -> output.
 
   With `cfg.qkv_bias` the q/k/v projections add a bias, with
-  `cfg.attention_output_bias` the output projection; with
-  `cfg.attention_sinks` each query head has a learned sink logit `sinks`
-  [H] (float32 in the kernel) joining its softmax denominator, in training
-  and decoding alike.
+  `cfg.output_bias` the output projection; with `cfg.sinks` each query
+  head has a learned sink logit `sinks` [H] (float32 in the kernel)
+  joining its softmax denominator, in training and decoding alike.
   """
 
-  def __init__(self, cfg: ModelConfig, *,
+  def __init__(self, cfg: AttentionConfig, *, embed_dim: int,
+               norm_config: norm.NormConfig, dtype: str, param_dtype: str,
                kernel: attention_dispatch.Kernel = attention_dispatch.Kernel(),
                rngs: nnx.Rngs):
     def project(in_shape, out_shape, in_axes, out_axes, use_bias=False):
       return linear.Linear(in_shape, out_shape, in_axes=in_axes,
-                           out_axes=out_axes, dtype=cfg.dtype,
-                           param_dtype=cfg.param_dtype, rngs=rngs,
+                           out_axes=out_axes, dtype=dtype,
+                           param_dtype=param_dtype, rngs=rngs,
                            use_bias=use_bias)
 
     heads = (cfg.num_heads, cfg.head_dim)
     kv_heads = (cfg.num_kv_heads, cfg.head_dim)
-    self.query = project((cfg.embed_dim,), heads, (axes.EMBED,),
+    self.query = project((embed_dim,), heads, (axes.EMBED,),
                          (axes.HEADS, axes.HEAD_DIM), cfg.qkv_bias)
-    self.key = project((cfg.embed_dim,), kv_heads, (axes.EMBED,),
+    self.key = project((embed_dim,), kv_heads, (axes.EMBED,),
                        (axes.KV_HEADS, axes.HEAD_DIM), cfg.qkv_bias)
-    self.value = project((cfg.embed_dim,), kv_heads, (axes.EMBED,),
+    self.value = project((embed_dim,), kv_heads, (axes.EMBED,),
                          (axes.KV_HEADS, axes.HEAD_DIM), cfg.qkv_bias)
-    self.output = project(heads, (cfg.embed_dim,), (axes.HEADS, axes.HEAD_DIM),
-                          (axes.EMBED,), cfg.attention_output_bias)
+    self.output = project(heads, (embed_dim,), (axes.HEADS, axes.HEAD_DIM),
+                          (axes.EMBED,), cfg.output_bias)
     self.sinks = (axes.param(jnp.zeros((cfg.num_heads,),
-                                       jnp.dtype(cfg.param_dtype)),
+                                       jnp.dtype(param_dtype)),
                              (axes.HEADS,))
-                  if cfg.attention_sinks else None)
+                  if cfg.sinks else None)
     if cfg.qk_norm:
       def head_norm():
-        return norm.RMSNorm(cfg.head_dim, axis_name=axes.HEAD_DIM,
-                            eps=cfg.norm_eps, offset=cfg.norm_offset,
-                            param_dtype=cfg.param_dtype)
+        return norm_config.rms_norm(cfg.head_dim, axis_name=axes.HEAD_DIM,
+                                    param_dtype=param_dtype)
 
       self.query_norm = head_norm()
       self.key_norm = head_norm()
     else:
       self.query_norm = self.key_norm = None
     self.kernel = kernel
-    self.scale = cfg.query_scale
-    self.logit_softcap = cfg.attn_logit_softcap
+    self.scale = cfg.query_scale(cfg.head_dim)
+    self.logit_softcap = cfg.logit_softcap
 
   def __call__(
       self,

@@ -8,18 +8,16 @@ from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext.common.model_config import ModelConfig
 from maxtext.kernels import attention as attention_kernels
 from maxtext.kernels import dispatch
 from maxtext.layers import attention
 from maxtext.layers import kv_cache as kv_cache_lib
+from maxtext.layers import norm
 from maxtext.layers import rope
-from maxtext.models import execution
 
 _L = 12
-_CFG = ModelConfig(family="test", vocab_size=8, num_layers=1, embed_dim=16,
-                   mlp_dim=8, num_heads=4, num_kv_heads=2, head_dim=8,
-                   qk_norm=True, norm_offset=1.0, query_pre_attn_scalar=4.0)
+_CFG = attention.AttentionConfig(num_heads=4, num_kv_heads=2, head_dim=8,
+                                 qk_norm=True, query_pre_attn_scalar=4.0)
 
 
 def _run(layer, x, window=None, segment_ids=None):
@@ -30,9 +28,11 @@ def _run(layer, x, window=None, segment_ids=None):
 
 
 def _layer(impl="reference", **changes):
-  cfg = dataclasses.replace(_CFG, **changes)
-  return attention.Attention(cfg, kernel=dispatch.Kernel(impl=impl),
-                             rngs=nnx.Rngs(0))
+  return attention.Attention(
+      dataclasses.replace(_CFG, **changes), embed_dim=16,
+      norm_config=norm.NormConfig(offset=1.0), dtype="float32",
+      param_dtype="float32", kernel=dispatch.Kernel(impl=impl),
+      rngs=nnx.Rngs(0))
 
 
 def _x(seed=0):
@@ -113,7 +113,7 @@ class AttentionLayerTest(parameterized.TestCase):
     self.assertGreater(np.abs(shift).max(), 1e-3)
 
   def test_output_bias_adds_to_every_position(self):
-    layer = _layer(attention_output_bias=True)
+    layer = _layer(output_bias=True)
     self.assertEqual(layer.output.bias.get_metadata()["out_sharding"],
                      ("embed",))
     without = _run(layer, _x())
@@ -124,7 +124,7 @@ class AttentionLayerTest(parameterized.TestCase):
                                atol=1e-5)
 
   def test_sinks_reach_the_kernel(self):
-    layer = _layer(attention_sinks=True)
+    layer = _layer(sinks=True)
     self.assertEqual(layer.sinks.get_metadata()["out_sharding"], ("heads",))
     sinks = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
     layer.sinks[...] = sinks
@@ -142,15 +142,9 @@ class AttentionLayerTest(parameterized.TestCase):
     self.assertGreater(np.abs(_run(layer, x, window=5) - layer.output(o))
                        .max(), 1e-3)
 
-  def test_sinks_config_rejects_xla(self):
-    with self.assertRaisesRegex(
-        ValueError, "attention_kernel.impl='xla' has no attention sinks"):
-      execution.Execution(attention_kernel=dispatch.Kernel(impl="xla")).check(
-          dataclasses.replace(_CFG, attention_sinks=True))
-
   def test_sinks_apply_when_decoding(self):
     """Prefill then one token at a time over a KV cache equals one pass."""
-    layer = _layer(attention_sinks=True)
+    layer = _layer(sinks=True)
     layer.sinks[...] = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
     x = _x()
     want = _run(layer, x, window=5)

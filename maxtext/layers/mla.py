@@ -35,15 +35,19 @@ Q query rank, C latent width, N non-rotary head dim, K rotary head dim,
 V value head dim.
 """
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from flax import nnx
 
 from maxtext.common import axes
-from maxtext.common.model_config import ModelConfig
+from maxtext.common import sections
 from maxtext.kernels import attention as attention_kernels
 from maxtext.kernels import dispatch as attention_dispatch
+from maxtext.layers import attention
 from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import linear
 from maxtext.layers import norm
@@ -56,23 +60,80 @@ KV_LORA = "kv_lora"
 LATENT_NORM_EPS = 1e-6
 
 
-def softmax_scale(cfg: ModelConfig) -> float:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MlaConfig:
+  """The latent sizes of multi-head latent attention (`ModelConfig.mla`,
+  read with `AttentionConfig.type` "mla"; module doc).
+
+  Attributes (their `model` section keys in `KEYS`):
+    q_lora_rank: Rank of the low-rank query projection (Q); 0: one full
+      query projection.
+    kv_lora_rank: Width of the compressed key/value latent (C): what the KV
+      cache stores per token, with the rotary key.
+    qk_nope_head_dim: Width of the non-rotary part of each query and key
+      head (N).
+    v_head_dim: Width of each value head (V).
+    rope_interleave: The rotary part pairs dimensions (0, 1), (2, 3), ...
+      (DeepSeek's checkpoints) instead of (k, k + K/2).
+  """
+
+  KEYS: ClassVar[dict[str, str]] = {
+      "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank",
+      "qk_nope_head_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim",
+      "rope_interleave": "rope_interleave",
+  }
+  SIZES: ClassVar[tuple[str, ...]] = ("q_lora_rank", "kv_lora_rank",
+                                      "qk_nope_head_dim", "v_head_dim")
+
+  q_lora_rank: int = 0
+  kv_lora_rank: int = 0
+  qk_nope_head_dim: int = 0
+  v_head_dim: int = 0
+  rope_interleave: bool = False
+
+  def __post_init__(self):
+    for name in self.SIZES:
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        sections.fail_part(self, name, "must be an integer >= 0")
+    if not isinstance(self.rope_interleave, bool):
+      sections.fail_part(self, "rope_interleave", "must be True or False")
+
+  def check_used(self) -> None:
+    """Refuses sizes for a model whose attention is not MLA."""
+    for name in self.SIZES + ("rope_interleave",):
+      if getattr(self, name):
+        sections.fail_part(self, name, 'only attention_type="mla" reads it;'
+                           " leave it at its default")
+
+  def check_sizes(self) -> None:
+    """The sizes MLA needs are set."""
+    for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+      if getattr(self, name) < 1:
+        sections.fail_part(self, name,
+                           'must be positive with attention_type="mla"')
+
+
+def softmax_scale(attention_cfg: attention.AttentionConfig, cfg: MlaConfig,
+                  rope_cfg: rope.RopeConfig) -> float:
   """(qk_nope_head_dim + head_dim)**-0.5, times YaRN's mscale**2 when the
   yarn scaling sets `rope_yarn_mscale_all_dim`."""
-  scale = cfg.query_scale
-  if cfg.rope_scaling == "yarn" and cfg.rope_yarn_mscale_all_dim:
-    scale *= rope.yarn_mscale(cfg.rope_scaling_factor,
-                              cfg.rope_yarn_mscale_all_dim)**2
+  scale = attention_cfg.query_scale(cfg.qk_nope_head_dim +
+                                    attention_cfg.head_dim)
+  if rope_cfg.scaling == "yarn" and rope_cfg.yarn_mscale_all_dim:
+    scale *= rope.yarn_mscale(rope_cfg.scaling_factor,
+                              rope_cfg.yarn_mscale_all_dim)**2
   return scale
 
 
-def empty_cache(cfg: ModelConfig, batch: int,
+def empty_cache(cfg: MlaConfig, head_dim: int, dtype: str, batch: int,
                 length: int) -> kv_cache_lib.KVCache:
-  """A zero latent cache: latents [B, S, 1, C] and rotary keys [B, S, 1, K]."""
-  dtype = jnp.dtype(cfg.dtype)
+  """A zero latent cache: latents [B, S, 1, C] and rotary keys [B, S, 1, K]
+  (K = `head_dim`, the rotary part's width)."""
+  dtype = jnp.dtype(dtype)
   return kv_cache_lib.KVCache(
       jnp.zeros((batch, length, 1, cfg.kv_lora_rank), dtype),
-      jnp.zeros((batch, length, 1, cfg.head_dim), dtype))
+      jnp.zeros((batch, length, 1, head_dim), dtype))
 
 
 class MLA(nnx.Module):
@@ -81,44 +142,46 @@ class MLA(nnx.Module):
   Same call signature as `maxtext.layers.attention.Attention`.
   """
 
-  def __init__(self, cfg: ModelConfig, *,
+  def __init__(self, attention_cfg: attention.AttentionConfig,
+               cfg: MlaConfig, rope_cfg: rope.RopeConfig, *, embed_dim: int,
+               dtype: str, param_dtype: str,
                kernel: attention_dispatch.Kernel = attention_dispatch.Kernel(),
                rngs: nnx.Rngs):
     def project(in_shape, out_shape, in_axes, out_axes):
       return linear.Linear(in_shape, out_shape, in_axes=in_axes,
-                           out_axes=out_axes, dtype=cfg.dtype,
-                           param_dtype=cfg.param_dtype, rngs=rngs)
+                           out_axes=out_axes, dtype=dtype,
+                           param_dtype=param_dtype, rngs=rngs)
 
     def latent_norm(dim, axis_name):
       return norm.RMSNorm(dim, axis_name=axis_name, eps=LATENT_NORM_EPS,
-                          offset=0.0, param_dtype=cfg.param_dtype)
+                          offset=0.0, param_dtype=param_dtype)
 
-    heads = cfg.num_heads
-    qk_dim = cfg.qk_nope_head_dim + cfg.head_dim
+    heads = attention_cfg.num_heads
+    rope_dim = attention_cfg.head_dim
+    qk_dim = cfg.qk_nope_head_dim + rope_dim
     head_axes = (axes.HEADS, axes.HEAD_DIM)
     if cfg.q_lora_rank:
       self.query = None
-      self.query_down = project((cfg.embed_dim,), (cfg.q_lora_rank,),
+      self.query_down = project((embed_dim,), (cfg.q_lora_rank,),
                                 (axes.EMBED,), (Q_LORA,))
       self.query_norm = latent_norm(cfg.q_lora_rank, Q_LORA)
       self.query_up = project((cfg.q_lora_rank,), (heads, qk_dim), (Q_LORA,),
                               head_axes)
     else:
-      self.query = project((cfg.embed_dim,), (heads, qk_dim), (axes.EMBED,),
+      self.query = project((embed_dim,), (heads, qk_dim), (axes.EMBED,),
                            head_axes)
       self.query_down = self.query_norm = self.query_up = None
-    self.kv_down = project((cfg.embed_dim,),
-                           (cfg.kv_lora_rank + cfg.head_dim,), (axes.EMBED,),
-                           (KV_LORA,))
+    self.kv_down = project((embed_dim,), (cfg.kv_lora_rank + rope_dim,),
+                           (axes.EMBED,), (KV_LORA,))
     self.kv_norm = latent_norm(cfg.kv_lora_rank, KV_LORA)
     self.kv_up = project((cfg.kv_lora_rank,),
                          (heads, cfg.qk_nope_head_dim + cfg.v_head_dim),
                          (KV_LORA,), head_axes)
-    self.output = project((heads, cfg.v_head_dim), (cfg.embed_dim,),
+    self.output = project((heads, cfg.v_head_dim), (embed_dim,),
                           head_axes, (axes.EMBED,))
     self.kernel = kernel
-    self.scale = softmax_scale(cfg)
-    self.logit_softcap = cfg.attn_logit_softcap
+    self.scale = softmax_scale(attention_cfg, cfg, rope_cfg)
+    self.logit_softcap = attention_cfg.logit_softcap
     self.interleaved = cfg.rope_interleave
     self.nope_dim = cfg.qk_nope_head_dim
     self.latent_dim = cfg.kv_lora_rank

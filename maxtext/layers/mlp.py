@@ -6,15 +6,17 @@ The hidden activation is constrained to the logical axes (batch, length,
 mlp) and named for remat: "mlp_gate", "mlp_up", "mlp_hidden" and "mlp_out".
 """
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from flax import nnx
 
 from maxtext.common import axes
-from maxtext.common.model_config import ModelConfig
+from maxtext.common import sections
 from maxtext.layers import linear
-
 
 
 def clamped_swiglu(gate: jax.Array, up: jax.Array, alpha: float = 1.702,
@@ -26,7 +28,7 @@ def clamped_swiglu(gate: jax.Array, up: jax.Array, alpha: float = 1.702,
   return (up + 1) * gate * jax.nn.sigmoid(alpha * gate)
 
 
-# `ModelConfig.mlp_activation` -> gated unit (gate, up) -> hidden.
+# `MlpConfig.activation` -> gated unit (gate, up) -> hidden.
 GATED_UNITS = {
     "silu": lambda gate, up: jax.nn.silu(gate) * up,
     "gelu_tanh": lambda gate, up: jax.nn.gelu(gate, approximate=True) * up,
@@ -34,20 +36,46 @@ GATED_UNITS = {
 }
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MlpConfig:
+  """A model's dense MLP (`ModelConfig.mlp`).
+
+  Attributes (their `model` section keys in `KEYS`):
+    dim: Hidden width (F).
+    activation: Gated unit, of the MLP and of the experts: "silu" (SwiGLU),
+      "gelu_tanh" (GeGLU) or "clamped_swiglu" (GPT-OSS; `clamped_swiglu`).
+  """
+
+  KEYS: ClassVar[dict[str, str]] = {"dim": "mlp_dim",
+                                    "activation": "mlp_activation"}
+
+  dim: int
+  activation: str = "silu"
+
+  def __post_init__(self):
+    if isinstance(self.dim, bool) or not isinstance(self.dim, int) or (
+        self.dim < 1):
+      sections.fail_part(self, "dim", "must be a positive integer")
+    if self.activation not in GATED_UNITS:
+      sections.fail_part(self, "activation",
+                         f"valid values are {tuple(GATED_UNITS)}")
+
+
 class MLP(nnx.Module):
   """Gated MLP with a SiLU (SwiGLU), tanh-GELU (GeGLU) or clamped SwiGLU
   unit."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: MlpConfig, *, embed_dim: int, dtype: str,
+               param_dtype: str, rngs: nnx.Rngs):
     def project(in_dim, out_dim, in_axis, out_axis):
       return linear.Linear((in_dim,), (out_dim,), in_axes=(in_axis,),
-                           out_axes=(out_axis,), dtype=cfg.dtype,
-                           param_dtype=cfg.param_dtype, rngs=rngs)
+                           out_axes=(out_axis,), dtype=dtype,
+                           param_dtype=param_dtype, rngs=rngs)
 
-    self.gate = project(cfg.embed_dim, cfg.mlp_dim, axes.EMBED, axes.MLP)
-    self.up = project(cfg.embed_dim, cfg.mlp_dim, axes.EMBED, axes.MLP)
-    self.down = project(cfg.mlp_dim, cfg.embed_dim, axes.MLP, axes.EMBED)
-    self.gated_unit = GATED_UNITS[cfg.mlp_activation]
+    self.gate = project(embed_dim, cfg.dim, axes.EMBED, axes.MLP)
+    self.up = project(embed_dim, cfg.dim, axes.EMBED, axes.MLP)
+    self.down = project(cfg.dim, embed_dim, axes.MLP, axes.EMBED)
+    self.gated_unit = GATED_UNITS[cfg.activation]
 
   def __call__(self, x_BLD: jax.Array) -> jax.Array:
     hidden_names = (axes.BATCH, axes.LENGTH, axes.MLP)

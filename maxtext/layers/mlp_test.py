@@ -7,7 +7,6 @@ from absl.testing import parameterized
 from flax import nnx
 import numpy as np
 
-from maxtext.common.model_config import ModelConfig
 from maxtext.layers import mlp
 
 
@@ -27,14 +26,16 @@ def _clamped_swiglu(gate, up):
   return (up + 1) * gate / (1 + np.exp(-1.702 * gate))
 
 
+def _mlp(activation: str) -> mlp.MLP:
+  return mlp.MLP(mlp.MlpConfig(dim=10, activation=activation), embed_dim=6,
+                 dtype="float32", param_dtype="float32", rngs=nnx.Rngs(0))
+
+
 class MLPTest(parameterized.TestCase):
 
   @parameterized.parameters(("silu", _silu), ("gelu_tanh", _gelu_tanh))
   def test_matches_formula(self, activation, formula):
-    cfg = ModelConfig(family="test", vocab_size=8, num_layers=1, embed_dim=6,
-                      mlp_dim=10, num_heads=1, num_kv_heads=1, head_dim=2,
-                      mlp_activation=activation)
-    layer = mlp.MLP(cfg, rngs=nnx.Rngs(0))
+    layer = _mlp(activation)
     x = np.random.RandomState(0).normal(size=(2, 3, 6)).astype(np.float32)
     gate, up, down = (np.asarray(p.kernel[...])
                       for p in (layer.gate, layer.up, layer.down))
@@ -50,10 +51,7 @@ class MLPTest(parameterized.TestCase):
     np.testing.assert_allclose(mlp.clamped_swiglu(gate, up),
                                _clamped_swiglu(gate, up), rtol=1e-5,
                                atol=1e-6)
-    cfg = ModelConfig(family="test", vocab_size=8, num_layers=1, embed_dim=6,
-                      mlp_dim=10, num_heads=1, num_kv_heads=1, head_dim=2,
-                      mlp_activation="clamped_swiglu")
-    layer = mlp.MLP(cfg, rngs=nnx.Rngs(0))
+    layer = _mlp("clamped_swiglu")
     x = np.random.RandomState(0).normal(scale=5.0, size=(2, 3, 6)).astype(
         np.float32)
     gate, up, down = (np.asarray(p.kernel[...])

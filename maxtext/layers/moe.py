@@ -10,7 +10,7 @@ the top-k logits) is softmax scores renormalised over the chosen experts,
 with `router_logit_bias` adding a trained bias to the logits.
 
 The routed experts (gated MLPs), the three ways to run them
-(`cfg.moe_impl`: "dropless", "capacity", "dense") and expert parallelism
+(`MoeConfig.impl`: "dropless", "capacity", "dense") and expert parallelism
 are in `maxtext.layers.moe_experts`.
 
 Auxiliary losses (`MoE.__call__` returns them with the output, already
@@ -25,7 +25,8 @@ sum as an `AuxLoss` intermediate; the train step collects it with
 DeepSeek's auxiliary-loss-free balancing moves the selection bias against
 each expert's load (`update_router_bias`): the layer reports its experts'
 loads, the decoder sows them and the train step moves the bias after each
-update by `cfg.router_bias_update_rate` (`Decoder.update_router_bias`). The
+update by `MoeConfig.router_bias_update_rate`
+(`Decoder.update_router_bias`). The
 bias is a `RouterBias` variable, not a `nnx.Param`: it lives in the train
 state's `model_state`, out of reach of the gradients, the optimizer and
 its weight decay.
@@ -35,16 +36,158 @@ K experts per token, F expert hidden dim.
 """
 
 import dataclasses
+import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from maxtext.common import axes
-from maxtext.common.model_config import ModelConfig
+from maxtext.common import sections
 from maxtext.layers import linear
 from maxtext.layers import mlp
 from maxtext.layers import moe_experts
+
+
+ROUTER_SCORES = ("softmax", "sigmoid")
+IMPLS = ("dropless", "capacity", "dense")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoeConfig:
+  """A model's mixture of experts (`ModelConfig.moe`); which layers have
+  experts is the layer pattern's (`maxtext.common.layer_pattern`).
+
+  Attributes (their `model` section keys in `KEYS`):
+    num_experts: Routed experts of each MoE layer; 0: a dense MLP in every
+      layer.
+    num_experts_per_token: Experts each token is sent to (top-k).
+    mlp_dim: Hidden width of one expert (and of one shared expert).
+    num_shared_experts: Experts every token also goes through, unweighted,
+      as one MLP of width `num_shared_experts * mlp_dim` (DeepSeek).
+    router_score: "softmax" over the experts (Mixtral, Qwen 3 MoE) or
+      per-expert "sigmoid" (DeepSeek-V3).
+    router_normalize: The chosen experts' weights are divided by their sum.
+    router_bias: A per-expert bias, added to the scores only to choose the
+      experts (DeepSeek-V3's e_score_correction_bias); not trained by
+      gradients but moved by `update_router_bias`.
+    router_bias_update_rate: After each training update, each expert's
+      `router_bias` moves by this much against its load of that step
+      (DeepSeek-V3's auxiliary-loss-free balancing, their gamma = 0.001);
+      0 is off. Needs router_bias.
+    router_logit_bias: The router adds a trained per-expert bias to its
+      logits (GPT-OSS); unlike router_bias it also changes the weights.
+    expert_bias: The routed experts' gate, up and down projections add a
+      per-expert bias (GPT-OSS).
+    expert_gate_up_fused: The routed experts' gate and up projections are
+      one parameter `gate_up` [experts, embed, 2, mlp_dim] (GPT-OSS
+      checkpoints store them as one tensor) instead of `gate` and `up`.
+    routed_scaling_factor: Multiplies the routed experts' weights.
+    num_expert_groups: Experts are split into this many groups; a token
+      chooses experts only within its best `expert_groups_per_token` groups
+      (a group's score: the sum of its two best scores). 1 is off.
+    expert_groups_per_token: Groups each token may choose experts from.
+    impl: "dropless" (tokens sorted by expert, grouped matmuls with
+      `jax.lax.ragged_dot`), "capacity" (each expert takes at most
+      `capacity_factor * tokens * num_experts_per_token / num_experts`
+      tokens; the rest are dropped and counted) or "dense" (every expert
+      runs on every token: the reference).
+    capacity_factor: See impl="capacity".
+    load_balance_loss_weight: Weight of the auxiliary load-balancing loss
+      (module doc); 0 is off.
+    router_z_loss_weight: Weight of the router z-loss; 0 is off.
+  """
+
+  KEYS: ClassVar[dict[str, str]] = {
+      "num_experts": "num_experts",
+      "num_experts_per_token": "num_experts_per_token",
+      "mlp_dim": "moe_mlp_dim", "num_shared_experts": "num_shared_experts",
+      "router_score": "router_score", "router_normalize": "router_normalize",
+      "router_bias": "router_bias",
+      "router_bias_update_rate": "router_bias_update_rate",
+      "router_logit_bias": "router_logit_bias", "expert_bias": "expert_bias",
+      "expert_gate_up_fused": "expert_gate_up_fused",
+      "routed_scaling_factor": "routed_scaling_factor",
+      "num_expert_groups": "num_expert_groups",
+      "expert_groups_per_token": "expert_groups_per_token",
+      "impl": "moe_impl", "capacity_factor": "capacity_factor",
+      "load_balance_loss_weight": "load_balance_loss_weight",
+      "router_z_loss_weight": "router_z_loss_weight",
+  }
+
+  num_experts: int = 0
+  num_experts_per_token: int = 1
+  mlp_dim: int = 0
+  num_shared_experts: int = 0
+  router_score: str = "softmax"
+  router_normalize: bool = True
+  router_bias: bool = False
+  router_bias_update_rate: float = 0.0
+  router_logit_bias: bool = False
+  expert_bias: bool = False
+  expert_gate_up_fused: bool = False
+  routed_scaling_factor: float = 1.0
+  num_expert_groups: int = 1
+  expert_groups_per_token: int = 1
+  impl: str = "dropless"
+  capacity_factor: float = 1.25
+  load_balance_loss_weight: float = 0.0
+  router_z_loss_weight: float = 0.0
+
+  def __post_init__(self):
+    def fail(field, valid):
+      sections.fail_part(self, field, valid)
+
+    for name in ("num_experts", "num_shared_experts", "mlp_dim"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        fail(name, "must be an integer >= 0")
+    expert_flags = ("router_logit_bias", "expert_bias",
+                    "expert_gate_up_fused")
+    for name in expert_flags + ("router_normalize", "router_bias"):
+      if not isinstance(getattr(self, name), bool):
+        fail(name, "must be True or False")
+    if not self.num_experts:
+      for name in ("num_shared_experts",) + expert_flags:
+        if getattr(self, name):
+          fail("num_experts", f"must be positive when {self.KEYS[name]} is"
+               " set")
+      return
+    for name, valid in (("router_score", ROUTER_SCORES), ("impl", IMPLS)):
+      if getattr(self, name) not in valid:
+        fail(name, f"valid values are {valid}")
+    if self.mlp_dim < 1:
+      fail("mlp_dim", "must be positive when num_experts > 0")
+    if not 1 <= self.num_experts_per_token <= self.num_experts:
+      fail("num_experts_per_token",
+           f"must be in [1, num_experts={self.num_experts}]")
+    groups = self.num_expert_groups
+    if groups < 1 or self.num_experts % groups:
+      fail("num_expert_groups",
+           f"must be a positive divisor of num_experts={self.num_experts}")
+    if not 1 <= self.expert_groups_per_token <= groups:
+      fail("expert_groups_per_token",
+           f"must be in [1, num_expert_groups={groups}]")
+    if (groups > 1 and self.expert_groups_per_token * self.num_experts
+        // groups < self.num_experts_per_token):
+      fail("expert_groups_per_token", "its groups hold fewer experts than"
+           f" num_experts_per_token={self.num_experts_per_token}")
+    for name in ("routed_scaling_factor", "capacity_factor"):
+      if getattr(self, name) <= 0:
+        fail(name, "must be positive")
+    for name in ("load_balance_loss_weight", "router_z_loss_weight",
+                 "router_bias_update_rate"):
+      if getattr(self, name) < 0:
+        fail(name, "must be >= 0 (0 turns it off)")
+    if self.router_bias_update_rate and not self.router_bias:
+      fail("router_bias_update_rate", "needs router_bias=True (there is no"
+           " bias to move); set router_bias or use 0")
+
+  def capacity(self, tokens: int) -> int:
+    """Slots per expert of the capacity path for `tokens` tokens."""
+    return math.ceil(self.capacity_factor * tokens *
+                     self.num_experts_per_token / self.num_experts)
 
 
 class AuxLoss(nnx.Intermediate):
@@ -55,7 +198,7 @@ class RouterBias(nnx.Variable):
   """DeepSeek's expert-selection bias: not a `nnx.Param` (no gradient)."""
 
 
-def route(logits_TE: jax.Array, cfg: ModelConfig,
+def route(logits_TE: jax.Array, cfg: MoeConfig,
           bias_E: jax.Array | None = None) -> moe_experts.Routing:
   """Chooses `cfg.num_experts_per_token` experts per token (module doc)."""
   logits_TE = logits_TE.astype(jnp.float32)
@@ -135,18 +278,21 @@ class MoE(nnx.Module):
   assignments routed to each expert (before any drop).
   """
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: MoeConfig, *, activation: str, embed_dim: int,
+               dtype: str, param_dtype: str, rngs: nnx.Rngs):
     self.cfg = cfg
-    experts, dim, hidden = cfg.num_experts, cfg.embed_dim, cfg.moe_mlp_dim
+    self.activation = activation
+    self.dtype = dtype
+    experts, dim, hidden = cfg.num_experts, embed_dim, cfg.mlp_dim
     self.router = linear.Linear(
         (dim,), (experts,), in_axes=(axes.EMBED,),
         out_axes=(moe_experts.EXPERTS,),
-        dtype="float32", param_dtype=cfg.param_dtype, rngs=rngs,
+        dtype="float32", param_dtype=param_dtype, rngs=rngs,
         use_bias=cfg.router_logit_bias)
     init = nnx.initializers.variance_scaling(
         1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2,
         batch_axis=(0,))
-    param_dtype = jnp.dtype(cfg.param_dtype)
+    param_dtype = jnp.dtype(param_dtype)
     if cfg.expert_gate_up_fused:
       fused_init = nnx.initializers.variance_scaling(
           1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=(2, 3),
@@ -177,15 +323,18 @@ class MoE(nnx.Module):
     self.router_bias = (RouterBias(jnp.zeros((experts,), jnp.float32))
                         if cfg.router_bias else None)
     if cfg.num_shared_experts:
-      self.shared = mlp.MLP(dataclasses.replace(
-          cfg, mlp_dim=cfg.num_shared_experts * hidden), rngs=rngs)
+      self.shared = mlp.MLP(
+          mlp.MlpConfig(dim=cfg.num_shared_experts * hidden,
+                        activation=activation),
+          embed_dim=embed_dim, dtype=dtype, param_dtype=param_dtype.name,
+          rngs=rngs)
     else:
       self.shared = None
 
   def __call__(self, x_BLD: jax.Array) -> tuple[jax.Array, dict]:
     cfg = self.cfg
     batch, length, dim = x_BLD.shape
-    dtype = jnp.dtype(cfg.dtype)
+    dtype = jnp.dtype(self.dtype)
     x_TD = x_BLD.reshape(batch * length, dim).astype(dtype)
     logits_TE = self.router(x_TD)
     bias_E = None if self.router_bias is None else self.router_bias[...]
@@ -198,10 +347,10 @@ class MoE(nnx.Module):
               for b in (self.gate_up_bias, self.down_bias)]
     weights = moe_experts.ExpertWeights(
         gate_EDF.astype(dtype), up_EDF.astype(dtype),
-        self.down[...].astype(dtype), mlp.GATED_UNITS[cfg.mlp_activation],
+        self.down[...].astype(dtype), mlp.GATED_UNITS[self.activation],
         *biases)
     dropped = jnp.zeros((), jnp.int32)
-    if cfg.moe_impl == "dropless":
+    if cfg.impl == "dropless":
       rules = moe_experts.expert_parallel_rules(cfg.num_experts,
                                                 x_TD.shape[0])
       if rules is None:
@@ -209,9 +358,9 @@ class MoE(nnx.Module):
       else:
         y_TD = moe_experts.expert_parallel_dropless(x_TD, routing, weights,
                                                     rules)
-    elif cfg.moe_impl == "capacity":
+    elif cfg.impl == "capacity":
       y_TD, dropped = moe_experts.capacity_experts(
-          x_TD, routing, weights, moe_experts.capacity(x_TD.shape[0], cfg))
+          x_TD, routing, weights, cfg.capacity(x_TD.shape[0]))
     else:
       y_TD = moe_experts.dense_experts(x_TD, routing, weights)
     y_BLD = y_TD.reshape(batch, length, dim)

@@ -41,13 +41,11 @@ rows (P * S).
 """
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 
 from maxtext.common import axes
-from maxtext.common.model_config import ModelConfig
 from maxtext.kernels import gmm
 
 # Logical axis of the expert dimension of expert weights and of tokens
@@ -240,12 +238,6 @@ def _exchange_tokens(x_TD, routing: Routing, w: ExpertWeights,
       shards, rows, -1)
   back_PSD = jax.lax.all_to_all(y_PSD, EXPERT_AXIS, 0, 0)
   return _combine(back_PSD[dest_S, slot_S], routing, order, tokens)
-
-
-def capacity(tokens: int, cfg: ModelConfig) -> int:
-  """Slots per expert of the capacity path."""
-  return math.ceil(cfg.capacity_factor * tokens * cfg.num_experts_per_token
-                   / cfg.num_experts)
 
 
 def capacity_experts(x_TD, routing: Routing, w: ExpertWeights,

@@ -9,13 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext.common.model_config import ModelConfig
 from maxtext.layers import moe
 from maxtext.layers import moe_experts
 
-_CFG = ModelConfig(family="test", vocab_size=8, num_layers=1, embed_dim=8,
-                   mlp_dim=12, num_heads=1, num_kv_heads=1, head_dim=2,
-                   num_experts=4, num_experts_per_token=2, moe_mlp_dim=6)
+_CFG = moe.MoeConfig(num_experts=4, num_experts_per_token=2, mlp_dim=6)
 
 
 def _silu(x):
@@ -79,7 +76,7 @@ def _numpy_gpt_oss_moe(x, layer):
   gate_up_bias = np.asarray(layer.gate_up_bias[...])
   down, down_bias = (np.asarray(p[...]) for p in (layer.down,
                                                    layer.down_bias))
-  k = layer.cfg.num_experts_per_token
+  k = layer.cfg.moe.num_experts_per_token
   out = np.zeros_like(x, dtype=np.float64)
   for t, row in enumerate(logits.astype(np.float64)):
     chosen = np.argsort(-row, kind="stable")[:k]
@@ -163,16 +160,17 @@ class LossesTest(absltest.TestCase):
 
 class MoETest(parameterized.TestCase):
 
-  def _layer_and_input(self, **changes):
+  def _layer_and_input(self, activation="silu", **changes):
     cfg = dataclasses.replace(_CFG, **changes)
-    layer = moe.MoE(cfg, rngs=nnx.Rngs(0))
+    layer = moe.MoE(cfg, activation=activation, embed_dim=8, dtype="float32",
+                    param_dtype="float32", rngs=nnx.Rngs(0))
     x = np.random.RandomState(3).normal(size=(2, 5, 8)).astype(np.float32)
     return cfg, layer, x
 
   @parameterized.parameters("dropless", "capacity", "dense")
   def test_matches_numpy(self, impl):
     # capacity_factor 2 = E / k: every expert can take every token.
-    cfg, layer, x = self._layer_and_input(moe_impl=impl, capacity_factor=2.0)
+    cfg, layer, x = self._layer_and_input(impl=impl, capacity_factor=2.0)
     y, aux = layer(jnp.asarray(x))
     x_TD = x.reshape(10, 8)
     logits = x_TD @ np.asarray(layer.router.kernel[...])
@@ -186,7 +184,7 @@ class MoETest(parameterized.TestCase):
   @parameterized.parameters("dropless", "capacity", "dense")
   def test_gpt_oss_experts_match_numpy(self, impl):
     _, layer, x = self._layer_and_input(
-        moe_impl=impl, capacity_factor=2.0, mlp_activation="clamped_swiglu",
+        impl=impl, capacity_factor=2.0, activation="clamped_swiglu",
         router_logit_bias=True, expert_bias=True, expert_gate_up_fused=True)
     self.assertIsNone(layer.gate)
     self.assertEqual(layer.gate_up.shape, (4, 8, 2, 6))
@@ -213,7 +211,7 @@ class MoETest(parameterized.TestCase):
 
     def loss(state, x, impl):
       module = nnx.merge(graphdef, state)
-      module.cfg = dataclasses.replace(cfg, moe_impl=impl)
+      module.cfg = dataclasses.replace(cfg, impl=impl)
       y, aux = module(x)
       return jnp.sum(jnp.sin(y)) + aux["loss"]
 
@@ -230,9 +228,9 @@ class MoETest(parameterized.TestCase):
           a, b, rtol=1e-4, atol=1e-6), got_state, want_state)
 
   def test_capacity_drops_and_counts(self):
-    cfg, layer, x = self._layer_and_input(moe_impl="capacity",
+    cfg, layer, x = self._layer_and_input(impl="capacity",
                                           capacity_factor=0.5)
-    slots = moe_experts.capacity(10, cfg)  # ceil(0.5 * 10 * 2 / 4) = 3.
+    slots = cfg.capacity(10)  # ceil(0.5 * 10 * 2 / 4) = 3.
     self.assertEqual(slots, 3)
     y, aux = layer(jnp.asarray(x))
     x_TD = x.reshape(10, 8)
@@ -274,9 +272,8 @@ class MoEConfigTest(absltest.TestCase):
   def test_bad_values_name_the_field(self):
     for changes, field in ((dict(num_experts_per_token=5), "num_experts_per"),
                            (dict(num_expert_groups=3), "num_expert_groups"),
-                           (dict(moe_impl="sparse"), "moe_impl"),
-                           (dict(moe_mlp_dim=0), "moe_mlp_dim"),
-                           (dict(first_dense_layers=1), "first_dense_layers"),
+                           (dict(impl="sparse"), "moe_impl"),
+                           (dict(mlp_dim=0), "moe_mlp_dim"),
                            (dict(router_bias_update_rate=0.001),
                             "router_bias_update_rate.*router_bias=True"),
                            (dict(router_bias=True,

@@ -1,10 +1,42 @@
-"""RMSNorm, including Gemma's `(1 + scale)` form."""
+"""RMSNorm, including Gemma's `(1 + scale)` form, and `NormConfig`, the
+model's norms (`ModelConfig.norm`)."""
+
+import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from maxtext.common import axes
+from maxtext.common import sections
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NormConfig:
+  """The RMSNorms of a model (`ModelConfig.norm`).
+
+  Attributes:
+    eps: RMSNorm epsilon (`norm_eps`).
+    offset: RMSNorm multiplies by `offset + scale` (Gemma: 1.0, with the
+      scale initialised to zero) (`norm_offset`).
+  """
+
+  # Field -> its key in the config's `model` section.
+  KEYS: ClassVar[dict[str, str]] = {"eps": "norm_eps", "offset": "norm_offset"}
+
+  eps: float = 1e-6
+  offset: float = 0.0
+
+  def __post_init__(self):
+    if self.eps <= 0:
+      sections.fail_part(self, "eps", "must be positive")
+
+  def rms_norm(self, dim: int, *, axis_name: str,
+               param_dtype: str) -> "RMSNorm":
+    """An RMSNorm of width `dim` with these settings."""
+    return RMSNorm(dim, axis_name=axis_name, eps=self.eps, offset=self.offset,
+                   param_dtype=param_dtype)
 
 
 class RMSNorm(nnx.Module):

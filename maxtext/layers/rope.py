@@ -12,12 +12,13 @@ Shape key: B batch, L length, H heads, K head dim, k = K // 2.
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext.common.model_config import ModelConfig
+from maxtext.common import sections
 
 
 def inverse_frequencies(
@@ -68,8 +69,7 @@ def inverse_frequencies(
       high += 0.001
     ramp = np.clip((np.arange(head_dim // 2) - low) / (high - low), 0, 1)
     return inv_freq / factor * ramp + inv_freq * (1 - ramp)
-  raise ValueError(f"Unknown rope scaling {scaling!r}; valid: "
-                   "'default', 'linear', 'llama3', 'yarn'.")
+  raise ValueError(f"Unknown rope scaling {scaling!r}; valid: {SCALINGS}.")
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -115,22 +115,106 @@ class Rotary:
     return rotated.astype(x_BLHK.dtype)
 
 
-def global_inverse_frequencies(cfg: ModelConfig) -> np.ndarray:
-  """Frequencies of global layers: base `rope_theta` with the scaling."""
-  return inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
-                             cfg.rope_scaling_factor, cfg.rope_low_freq_factor,
-                             cfg.rope_high_freq_factor,
-                             cfg.rope_original_max_length,
-                             cfg.rope_yarn_beta_fast, cfg.rope_yarn_beta_slow,
-                             cfg.rope_yarn_truncate)
+SCALINGS = ("default", "linear", "llama3", "yarn")
 
 
-def global_attention_factor(cfg: ModelConfig) -> float:
-  """`Rotary` scale of global layers (YaRN's attention factor, else 1)."""
-  return attention_factor(cfg.rope_scaling, cfg.rope_scaling_factor,
-                          cfg.rope_yarn_mscale, cfg.rope_yarn_mscale_all_dim)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RopeConfig:
+  """A model's rotary embeddings (`ModelConfig.rope`).
 
+  Attributes (their `model` section keys in `KEYS`):
+    theta: Rotary base of global layers.
+    local_theta: Rotary base of local (sliding window) layers; None: local
+      layers use the global layers' rotary (base and scaling; GPT-OSS).
+    scaling: Frequency scaling of global layers (`SCALINGS`, module doc).
+    scaling_factor: Factor of the "linear", "llama3" and "yarn" scalings.
+    low_freq_factor, high_freq_factor: "llama3" scaling's factors.
+    original_max_length: "llama3" and "yarn": pre-training context length.
+    yarn_beta_fast, yarn_beta_slow: "yarn": rotations bounding the blend.
+    yarn_truncate: "yarn": round the blend's bounds to whole dimensions.
+    yarn_mscale, yarn_mscale_all_dim: "yarn": the attention factor's
+      numerator and denominator mscale (0: unset; `attention_factor`).
+  """
 
-def local_inverse_frequencies(cfg: ModelConfig) -> np.ndarray:
-  """Frequencies of local (sliding window) layers: base `rope_local_theta`."""
-  return inverse_frequencies(cfg.head_dim, cfg.rope_local_theta)
+  KEYS: ClassVar[dict[str, str]] = {
+      "theta": "rope_theta", "local_theta": "rope_local_theta",
+      "scaling": "rope_scaling", "scaling_factor": "rope_scaling_factor",
+      "low_freq_factor": "rope_low_freq_factor",
+      "high_freq_factor": "rope_high_freq_factor",
+      "original_max_length": "rope_original_max_length",
+      "yarn_beta_fast": "rope_yarn_beta_fast",
+      "yarn_beta_slow": "rope_yarn_beta_slow",
+      "yarn_truncate": "rope_yarn_truncate",
+      "yarn_mscale": "rope_yarn_mscale",
+      "yarn_mscale_all_dim": "rope_yarn_mscale_all_dim",
+  }
+
+  theta: float = 10_000.0
+  local_theta: float | None = 10_000.0
+  scaling: str = "default"
+  scaling_factor: float = 1.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_length: int = 8192
+  yarn_beta_fast: float = 32.0
+  yarn_beta_slow: float = 1.0
+  yarn_truncate: bool = True
+  yarn_mscale: float = 0.0
+  yarn_mscale_all_dim: float = 0.0
+
+  def __post_init__(self):
+    def fail(field, valid):
+      sections.fail_part(self, field, valid)
+
+    if self.scaling not in SCALINGS:
+      fail("scaling", f"valid values are {SCALINGS}")
+    if not isinstance(self.yarn_truncate, bool):
+      fail("yarn_truncate", "must be True or False")
+    if self.theta <= 0:
+      fail("theta", "must be positive")
+    if self.local_theta is not None and self.local_theta <= 0:
+      fail("local_theta",
+           "must be positive, or None (the global layers' rotary)")
+    if self.scaling == "default" and self.scaling_factor != 1.0:
+      fail("scaling_factor", 'must be 1.0 when rope_scaling="default"')
+    if self.scaling != "default" and self.scaling_factor < 1.0:
+      fail("scaling_factor",
+           f"must be >= 1.0 for rope_scaling={self.scaling!r}")
+    if self.scaling == "llama3" and not (
+        0 < self.low_freq_factor < self.high_freq_factor):
+      fail("high_freq_factor", "llama3 scaling needs 0 < rope_low_freq_factor"
+           f" ({self.low_freq_factor}) < rope_high_freq_factor")
+    # Equal bounds are allowed (Kimi K2: both 1).
+    if self.scaling == "yarn" and not (
+        0 < self.yarn_beta_slow <= self.yarn_beta_fast):
+      fail("yarn_beta_fast", "yarn scaling needs 0 < rope_yarn_beta_slow"
+           f" ({self.yarn_beta_slow}) <= rope_yarn_beta_fast")
+    if self.original_max_length < 1:
+      fail("original_max_length", "must be a positive integer")
+
+  def global_inverse_frequencies(self, head_dim: int) -> np.ndarray:
+    """Frequencies of global layers: base `theta` with the scaling."""
+    return inverse_frequencies(head_dim, self.theta, self.scaling,
+                               self.scaling_factor, self.low_freq_factor,
+                               self.high_freq_factor, self.original_max_length,
+                               self.yarn_beta_fast, self.yarn_beta_slow,
+                               self.yarn_truncate)
+
+  def global_attention_factor(self) -> float:
+    """`Rotary` scale of global layers (YaRN's attention factor, else 1)."""
+    return attention_factor(self.scaling, self.scaling_factor,
+                            self.yarn_mscale, self.yarn_mscale_all_dim)
+
+  def local_inverse_frequencies(self, head_dim: int) -> np.ndarray:
+    """Frequencies of local (sliding window) layers: base `local_theta`."""
+    return inverse_frequencies(head_dim, self.local_theta)
+
+  def global_rotary(self, positions_BL: jax.Array,
+                    head_dim: int) -> "Rotary":
+    """The rotary of a global layer with heads of `head_dim`."""
+    return Rotary.at(positions_BL, self.global_inverse_frequencies(head_dim),
+                     self.global_attention_factor())
+
+  def local_rotary(self, positions_BL: jax.Array, head_dim: int) -> "Rotary":
+    """The rotary of a local layer (`local_theta`, which is set)."""
+    return Rotary.at(positions_BL, self.local_inverse_frequencies(head_dim))

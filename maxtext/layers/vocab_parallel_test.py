@@ -7,7 +7,6 @@ a tiny Llama (untied head) and Gemma 3 (tied embedding) under FSDP give the
 single-device loss and gradients, and a head quantized by qwix keeps its
 quantization there (qwix intercepts the head's own matmul)."""
 
-import dataclasses
 import functools
 import re
 
@@ -20,10 +19,7 @@ import numpy as np
 import optax
 
 from configs import common
-from configs import gemma3
-from configs import llama3
 from maxtext.common import axes
-from maxtext.common.model_config import ModelConfig
 from maxtext.layers import vocab_parallel
 from maxtext.models import registry
 from maxtext.quant import ptq
@@ -33,6 +29,7 @@ from maxtext.sharding import rules as rules_lib
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
 from testing import devices
+from testing import tiny_configs
 
 _B, _L, _D, _V = 8, 4, 16, 64
 _HEAD = (axes.EMBED, axes.VOCAB)
@@ -135,18 +132,16 @@ class VocabParallelTest(parameterized.TestCase):
       self.assertIsNone(vocab_parallel.logits(x, kernel, _HEAD))
 
 
-def _config(family: str) -> ModelConfig:
-  if family == "llama3":  # Untied output head.
-    values = llama3.get_config().model.to_dict()
-    values.update(num_heads=4, num_kv_heads=2, head_dim=8,
-                  tie_embeddings=False)
-  else:  # Tied embedding table.
-    values = gemma3.get_config().model.to_dict()
-    values.update(num_heads=2, num_kv_heads=1, head_dim=8,
-                  query_pre_attn_scalar=8.0, sliding_window=4,
-                  global_layer_interval=2)
-  values.update(vocab_size=_V, num_layers=2, embed_dim=_D, mlp_dim=32)
-  return ModelConfig(**values)
+def _config(family: str):
+  """A small `family` model: llama3 with an untied output head, gemma3 with
+  its tied embedding table."""
+  changes = dict(vocab_size=_V, num_layers=2, embed_dim=_D, mlp_dim=32)
+  if family == "llama3":
+    return tiny_configs.tiny_model_config(family, window=4,
+                                          tie_embeddings=False, **changes)
+  return tiny_configs.tiny_model_config(
+      family, window=4, num_heads=2, num_kv_heads=1, head_dim=8,
+      query_pre_attn_scalar=8.0, global_layer_interval=2, **changes)
 
 
 def _loss_and_grads(family, **ici):
@@ -192,7 +187,7 @@ class VocabParallelModelTest(parameterized.TestCase):
   def test_a_head_quantized_by_qwix_keeps_its_quantization(self, method):
     # PTQ stores the kernel as a qwix array; QAT keeps a plain array and
     # fake-quantizes inside the head's intercepted matmul.
-    config = dataclasses.replace(_config("llama3"), scan_layers=False)
+    config = _config("llama3").replace(scan_layers=False)
     model = registry.create_model(config, rngs=nnx.Rngs(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(
         0, _V, size=(_B, 16)), jnp.int32)

@@ -55,35 +55,36 @@ def matmul_params(cfg: ModelConfig) -> int:
   head = cfg.embed_dim * cfg.vocab_size
   # Multi-token prediction depths: projection, one block (with experts when
   # the model has them), the shared head.
-  mtp = cfg.mtp_layers * (2 * cfg.embed_dim**2 + attention_params(cfg) +
+  mtp = cfg.mtp.layers * (2 * cfg.embed_dim**2 + attention_params(cfg) +
                           head + mlp_params_per_token(cfg,
-                                                      cfg.num_experts > 0))
+                                                      cfg.moe.num_experts > 0))
   return layers + head + mtp
 
 
 def attention_params(cfg: ModelConfig) -> int:
   """Matmul parameters of one layer's attention (projections only)."""
-  if cfg.attention_type != "mla":
-    return cfg.embed_dim * cfg.head_dim * (
-        2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-  heads = cfg.num_heads
-  qk_dim = cfg.qk_nope_head_dim + cfg.head_dim
-  if cfg.q_lora_rank:
-    query = cfg.q_lora_rank * (cfg.embed_dim + heads * qk_dim)
+  if cfg.attention.type != "mla":
+    return cfg.embed_dim * cfg.attention.head_dim * (
+        2 * cfg.attention.num_heads + 2 * cfg.attention.num_kv_heads)
+  heads = cfg.attention.num_heads
+  qk_dim = cfg.mla.qk_nope_head_dim + cfg.attention.head_dim
+  if cfg.mla.q_lora_rank:
+    query = cfg.mla.q_lora_rank * (cfg.embed_dim + heads * qk_dim)
   else:
     query = cfg.embed_dim * heads * qk_dim
-  kv = (cfg.embed_dim * (cfg.kv_lora_rank + cfg.head_dim) +
-        cfg.kv_lora_rank * heads * (cfg.qk_nope_head_dim + cfg.v_head_dim))
-  return query + kv + heads * cfg.v_head_dim * cfg.embed_dim
+  kv = (cfg.embed_dim * (cfg.mla.kv_lora_rank + cfg.attention.head_dim) +
+        cfg.mla.kv_lora_rank * heads *
+        (cfg.mla.qk_nope_head_dim + cfg.mla.v_head_dim))
+  return query + kv + heads * cfg.mla.v_head_dim * cfg.embed_dim
 
 
 def mlp_params_per_token(cfg: ModelConfig, experts: bool) -> int:
   """Matmul parameters of a layer's MLP (or its `experts`) one token
   uses."""
   if not experts:
-    return 3 * cfg.embed_dim * cfg.mlp_dim
-  experts = cfg.num_experts_per_token + cfg.num_shared_experts
-  return cfg.embed_dim * (cfg.num_experts + 3 * experts * cfg.moe_mlp_dim)
+    return 3 * cfg.embed_dim * cfg.mlp.dim
+  experts = cfg.moe.num_experts_per_token + cfg.moe.num_shared_experts
+  return cfg.embed_dim * (cfg.moe.num_experts + 3 * experts * cfg.moe.mlp_dim)
 
 
 def mean_attended_keys(window: int | None, seq_len: int) -> float:
@@ -99,9 +100,9 @@ def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
   for layer in layer_pattern.layers(cfg):
     kind_cfg = layer.kind.config(cfg)
     # Query-key and probability-value widths (they differ with MLA).
-    qk_dim = kind_cfg.head_dim + kind_cfg.qk_nope_head_dim
-    v_dim = kind_cfg.v_head_dim or kind_cfg.head_dim
-    total += (6 * cfg.num_heads * (qk_dim + v_dim) *
+    qk_dim = kind_cfg.attention.head_dim + kind_cfg.mla.qk_nope_head_dim
+    v_dim = kind_cfg.mla.v_head_dim or kind_cfg.attention.head_dim
+    total += (6 * cfg.attention.num_heads * (qk_dim + v_dim) *
               mean_attended_keys(layer.window, seq_len))
   return total
 

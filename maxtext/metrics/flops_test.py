@@ -15,7 +15,7 @@ def _tiny(**overrides) -> ModelConfig:
                 mlp_dim=8, num_heads=2, num_kv_heads=1, head_dim=2,
                 sliding_window=2, global_layer_interval=2)
   values.update(overrides)
-  return ModelConfig(**values)
+  return ModelConfig.from_dict(values)
 
 
 class FlopsTest(absltest.TestCase):

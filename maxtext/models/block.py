@@ -27,8 +27,18 @@ RESIDUAL = (axes.BATCH, axes.LENGTH, axes.EMBED)
 
 
 def embed_norm(cfg: ModelConfig) -> norm.RMSNorm:
-  return norm.RMSNorm(cfg.embed_dim, axis_name=axes.EMBED, eps=cfg.norm_eps,
-                      offset=cfg.norm_offset, param_dtype=cfg.param_dtype)
+  return cfg.norm.rms_norm(cfg.embed_dim, axis_name=axes.EMBED,
+                           param_dtype=cfg.param_dtype)
+
+
+def make_attention(cfg: ModelConfig, *, kernel: dispatch.Kernel,
+                   rngs: nnx.Rngs) -> attention.Attention | mla.MLA:
+  """The attention of `cfg` (GQA or MLA) from its parts."""
+  widths = dict(embed_dim=cfg.embed_dim, dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype, kernel=kernel, rngs=rngs)
+  if cfg.attention.type == "mla":
+    return mla.MLA(cfg.attention, cfg.mla, cfg.rope, **widths)
+  return attention.Attention(cfg.attention, norm_config=cfg.norm, **widths)
 
 
 class Block(nnx.Module):
@@ -40,13 +50,14 @@ class Block(nnx.Module):
     experts = kind.experts
     cfg = kind.config(cfg)
     self.pre_attention_norm = embed_norm(cfg)
-    attention_class = mla.MLA if cfg.attention_type == "mla" else (
-        attention.Attention)
-    self.attention = attention_class(cfg, kernel=kernel, rngs=rngs)
+    self.attention = make_attention(cfg, kernel=kernel, rngs=rngs)
     self.post_attention_norm = embed_norm(cfg) if cfg.post_norms else None
     self.pre_mlp_norm = embed_norm(cfg)
-    self.mlp = None if experts else mlp.MLP(cfg, rngs=rngs)
-    self.moe = moe.MoE(cfg, rngs=rngs) if experts else None
+    widths = dict(embed_dim=cfg.embed_dim, dtype=cfg.dtype,
+                  param_dtype=cfg.param_dtype, rngs=rngs)
+    self.mlp = None if experts else mlp.MLP(cfg.mlp, **widths)
+    self.moe = (moe.MoE(cfg.moe, activation=cfg.mlp.activation, **widths)
+                if experts else None)
     self.post_mlp_norm = embed_norm(cfg) if cfg.post_norms else None
 
   def __call__(self, x_BLD: jax.Array, rotary: rope.Rotary, *,
@@ -145,16 +156,15 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
 def _rotary_key(cfg: ModelConfig, layer: layer_pattern.Layer):
   """What a layer's rotary depends on: local or global, and its head size.
 
-  Local layers share the global rotary when `cfg.rope_local_theta` is
+  Local layers share the global rotary when `cfg.rope.local_theta` is
   None."""
-  local = layer.window is not None and cfg.rope_local_theta is not None
-  return local, layer.kind.config(cfg).head_dim
+  local = layer.window is not None and cfg.rope.local_theta is not None
+  return local, layer.kind.config(cfg).attention.head_dim
 
 
 def _rotary(cfg: ModelConfig, positions_BL: jax.Array, *, local: bool):
-  """The rotary of a local (`local`, with `cfg.rope_local_theta`) or
+  """The rotary of a local (`local`, with `cfg.rope.local_theta`) or
   global layer of `cfg`."""
   if local:
-    return rope.Rotary.at(positions_BL, rope.local_inverse_frequencies(cfg))
-  return rope.Rotary.at(positions_BL, rope.global_inverse_frequencies(cfg),
-                        rope.global_attention_factor(cfg))
+    return cfg.rope.local_rotary(positions_BL, cfg.attention.head_dim)
+  return cfg.rope.global_rotary(positions_BL, cfg.attention.head_dim)

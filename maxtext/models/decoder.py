@@ -57,10 +57,10 @@ changes. A paged cache (`kv_cache.paged_like`: pages only) comes with
 its pages through it, and the layer scan closes over it rather than
 carrying a copy per layer.
 
-Mixture of experts (`cfg.num_experts` > 0): blocks have routed experts
+Mixture of experts (`cfg.moe.num_experts` > 0): blocks have routed experts
 (`maxtext.layers.moe`) in place of the MLP, except the first
-`cfg.first_dense_layers` and those between `cfg.moe_layer_interval`, which are
-a kind of their own (`dense_blocks`) with a dense MLP. Sown (see below): the
+`cfg.pattern.first_dense_layers` and those between
+`cfg.pattern.moe_layer_interval`, which are a kind of their own (`dense_blocks`) with a dense MLP. Sown (see below): the
 sum over layers of the experts' weighted auxiliary losses as a `moe.AuxLoss`
 named "aux_loss" (the train step adds it to the objective), the layers' mean of
 each unweighted auxiliary term and of the dropped fraction as
@@ -69,7 +69,7 @@ layers, experts] (kind by kind, each in its stack's order) as
 `nnx.Intermediate` "expert_load", from which the train step moves the router
 bias (`update_router_bias`).
 
-Multi-token prediction (`cfg.mtp_layers` > 0, DeepSeek-V3): `mtp` holds one
+Multi-token prediction (`cfg.mtp.layers` > 0, DeepSeek-V3): `mtp` holds one
 `maxtext.models.mtp.MTP` per depth; sown: their logits as `mtp.MtpLogits`
 "mtp_logits" (the train step adds their weighted loss to the objective) and,
 with experts, their blocks' auxiliary losses as `moe.AuxLoss`
@@ -103,7 +103,6 @@ from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import linear
 from maxtext.layers import mla
 from maxtext.layers import moe
-from maxtext.layers import rope
 from maxtext.layers import vocab_parallel
 from maxtext.models import block as block_lib
 from maxtext.models import execution as execution_lib
@@ -149,11 +148,13 @@ class Decoder(nnx.Module):
           out_axes=(axes.VOCAB,), dtype=cfg.dtype,
           param_dtype=cfg.param_dtype, rngs=rngs)
     self.mtp = nnx.List([
-        mtp.MTP(cfg, block_lib.Block(
-            cfg, layer_pattern.LayerKind("blocks", cfg.num_experts > 0),
-            kernel=execution.attention_kernel, rngs=rngs), rngs=rngs)
-        for _ in range(cfg.mtp_layers)
-    ]) if cfg.mtp_layers else None
+        mtp.MTP(block_lib.Block(
+            cfg, layer_pattern.LayerKind("blocks", cfg.moe.num_experts > 0),
+            kernel=execution.attention_kernel, rngs=rngs),
+                embed_dim=cfg.embed_dim, norm_config=cfg.norm, dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype, rngs=rngs)
+        for _ in range(cfg.mtp.layers)
+    ]) if cfg.mtp.layers else None
 
   def _stacks(self) -> dict[str, nnx.Module]:
     """{kind name: its blocks}, in order of the kinds' first layers."""
@@ -166,11 +167,12 @@ class Decoder(nnx.Module):
     cfg = self.cfg
 
     def empty(kind_cfg):
-      if kind_cfg.attention_type == "mla":  # The compressed latent.
-        return mla.empty_cache(kind_cfg, batch, length)
+      if kind_cfg.attention.type == "mla":  # The compressed latent.
+        return mla.empty_cache(kind_cfg.mla, kind_cfg.attention.head_dim,
+                               kind_cfg.dtype, batch, length)
       return kv_cache_lib.KVCache.zeros(
-          batch, length, kind_cfg.num_kv_heads, kind_cfg.head_dim,
-          jnp.dtype(kind_cfg.dtype))
+          batch, length, kind_cfg.attention.num_kv_heads,
+          kind_cfg.attention.head_dim, jnp.dtype(kind_cfg.dtype))
 
     caches = {}
     for kind, count in layer_pattern.kind_counts(cfg).items():
@@ -270,9 +272,7 @@ class Decoder(nnx.Module):
     and, with experts, their blocks' weighted auxiliary losses
     (`moe.AuxLoss` "mtp_aux_loss")."""
     cfg = self.cfg
-    rotary = rope.Rotary.at(positions_BL,
-                            rope.global_inverse_frequencies(cfg),
-                            rope.global_attention_factor(cfg))
+    rotary = cfg.rope.global_rotary(positions_BL, cfg.attention.head_dim)
     logits, auxes = mtp.predict(self.mtp, tokens_BL, h_BLD, rotary,
                                 segment_ids_BL, self.embedder, self._logits)
     self.sow(mtp.MtpLogits, "mtp_logits", tuple(logits),
@@ -304,10 +304,10 @@ class Decoder(nnx.Module):
     Args:
       expert_load_NE: Each expert layer's loads, as sown ("expert_load",
         [expert layers, experts]). A no-op without router bias or with
-        `cfg.router_bias_update_rate` 0.
+        `cfg.moe.router_bias_update_rate` 0.
     """
-    rate = self.cfg.router_bias_update_rate
-    if not (self.cfg.router_bias and rate):
+    rate = self.cfg.moe.router_bias_update_rate
+    if not (self.cfg.moe.router_bias and rate):
       return
     start = 0
     counts = {kind.name: n

@@ -1,6 +1,5 @@
 """Tests of the generic decoder: causality, layouts, packing, gradients."""
 
-import dataclasses
 import warnings
 
 from absl.testing import absltest
@@ -17,7 +16,6 @@ from maxtext.common.model_config import ModelConfig
 from maxtext.layers import moe
 from maxtext.layers import pipeline
 from maxtext.layers import remat
-from maxtext.layers import rope
 from maxtext.models import decoder
 from maxtext.models import execution
 from maxtext.models import hf_weights
@@ -131,7 +129,7 @@ class DecoderTest(parameterized.TestCase):
   def test_window_limits_what_a_local_layer_sees(self):
     # One local layer with window 3: the logit at position 10 depends only
     # on tokens 8..10.
-    cfg = dataclasses.replace(_CONFIGS["gemma3"](), num_layers=1,
+    cfg = _CONFIGS["gemma3"]().replace(num_layers=1,
                               global_layer_interval=0)
     model = registry.create_model(cfg, rngs=nnx.Rngs(0))
     tokens = _tokens()
@@ -152,7 +150,7 @@ class DecoderTest(parameterized.TestCase):
                                                 microbatches, remat_policy):
     # Packed rows with their own positions and segments: each row's
     # positions and segment ids must travel with it through the stages.
-    plain_cfg = dataclasses.replace(_CONFIGS[family](), num_layers=4)
+    plain_cfg = _CONFIGS[family]().replace(num_layers=4)
     remat_config = remat.RematConfig(policy=remat_policy)
     model = registry.create_model(
         plain_cfg, rngs=nnx.Rngs(0),
@@ -191,13 +189,13 @@ def _moe_config(**changes) -> ModelConfig:
   cfg = _tiny(qwen3_moe_config, num_experts=4, num_experts_per_token=2,
               moe_mlp_dim=16, num_shared_experts=1, first_dense_layers=1,
               load_balance_loss_weight=0.1, router_z_loss_weight=0.01)
-  return dataclasses.replace(cfg, num_layers=3, **changes)
+  return cfg.replace(num_layers=3, **changes)
 
 
 def _stacked_copy(unscanned: decoder.Decoder) -> decoder.Decoder:
   """A scan_layers model with the parameters of an unscanned one."""
   model = registry.create_model(
-      dataclasses.replace(unscanned.cfg, scan_layers=True), rngs=nnx.Rngs(9))
+      unscanned.cfg.replace(scan_layers=True), rngs=nnx.Rngs(9))
 
   def stack(blocks):
     return jax.tree.map(lambda *a: jnp.stack(a),
@@ -225,8 +223,9 @@ class MoEDecoderTest(absltest.TestCase):
     self.assertIsNone(model.blocks[0].mlp)
     tokens = _tokens()
     x = model.embedder(tokens)
-    rotary = rope.Rotary.at(jnp.broadcast_to(jnp.arange(_L), tokens.shape),
-                            rope.global_inverse_frequencies(model.cfg))
+    rotary = model.cfg.rope.global_rotary(
+        jnp.broadcast_to(jnp.arange(_L), tokens.shape),
+        model.cfg.attention.head_dim)
     want_loss = 0.0
     for block in (*model.dense_blocks, *model.blocks):
       x, _, aux = block(x, rotary, window=None, segment_ids_BL=None)

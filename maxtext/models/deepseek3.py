@@ -121,7 +121,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
         f"DeepSeek-V3 num_key_value_heads={fields['num_kv_heads']} must "
         f"equal num_attention_heads={fields['num_heads']} (MLA).")
   fields["head_dim"] = hf["qk_rope_head_dim"]
-  return ModelConfig(
+  return ModelConfig.from_dict(dict(
       family="deepseek3",
       **ARCHITECTURE,
       q_lora_rank=hf.get("q_lora_rank") or 0,
@@ -143,7 +143,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       router_bias_update_rate=float(hf.get("router_bias_update_rate") or 0.0),
       mtp_loss_weight=float(hf.get("mtp_loss_weight") or 0.0),
       **fields,
-  )
+  ))
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -151,24 +151,27 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   config = hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
                                        architecture=HF_ARCHITECTURE)
   del config["head_dim"]  # transformers derives it (qk_rope_head_dim).
-  if cfg.rope_scaling == "yarn":  # DeepSeek-V3: 4096 * 40 = 163840.
+  if cfg.rope.scaling == "yarn":  # DeepSeek-V3: 4096 * 40 = 163840.
     config["max_position_embeddings"] = int(
-        cfg.rope_original_max_length * cfg.rope_scaling_factor)
+        cfg.rope.original_max_length * cfg.rope.scaling_factor)
   return dict(
       config, hidden_act="silu", attention_bias=False,
-      q_lora_rank=cfg.q_lora_rank or None, kv_lora_rank=cfg.kv_lora_rank,
-      qk_nope_head_dim=cfg.qk_nope_head_dim, qk_rope_head_dim=cfg.head_dim,
-      v_head_dim=cfg.v_head_dim, rope_interleave=cfg.rope_interleave,
-      n_routed_experts=cfg.num_experts,
-      num_experts_per_tok=cfg.num_experts_per_token,
-      moe_intermediate_size=cfg.moe_mlp_dim,
-      n_shared_experts=cfg.num_shared_experts,
-      first_k_dense_replace=cfg.first_dense_layers,
-      norm_topk_prob=cfg.router_normalize,
-      routed_scaling_factor=cfg.routed_scaling_factor,
-      n_group=cfg.num_expert_groups, topk_group=cfg.expert_groups_per_token,
+      q_lora_rank=cfg.mla.q_lora_rank or None,
+      kv_lora_rank=cfg.mla.kv_lora_rank,
+      qk_nope_head_dim=cfg.mla.qk_nope_head_dim,
+      qk_rope_head_dim=cfg.attention.head_dim,
+      v_head_dim=cfg.mla.v_head_dim, rope_interleave=cfg.mla.rope_interleave,
+      n_routed_experts=cfg.moe.num_experts,
+      num_experts_per_tok=cfg.moe.num_experts_per_token,
+      moe_intermediate_size=cfg.moe.mlp_dim,
+      n_shared_experts=cfg.moe.num_shared_experts,
+      first_k_dense_replace=cfg.pattern.first_dense_layers,
+      norm_topk_prob=cfg.moe.router_normalize,
+      routed_scaling_factor=cfg.moe.routed_scaling_factor,
+      n_group=cfg.moe.num_expert_groups,
+      topk_group=cfg.moe.expert_groups_per_token,
       scoring_func="sigmoid", topk_method="noaux_tc",
-      num_nextn_predict_layers=cfg.mtp_layers,
-      aux_loss_alpha=cfg.load_balance_loss_weight,
-      router_bias_update_rate=cfg.router_bias_update_rate,
-      mtp_loss_weight=cfg.mtp_loss_weight)
+      num_nextn_predict_layers=cfg.mtp.layers,
+      aux_loss_alpha=cfg.moe.load_balance_loss_weight,
+      router_bias_update_rate=cfg.moe.router_bias_update_rate,
+      mtp_loss_weight=cfg.mtp.loss_weight)

@@ -6,7 +6,6 @@ Greedy generation against transformers' is in
 `testing/hf_tiny_models.py`).
 """
 
-import dataclasses
 import math
 
 from absl.testing import absltest
@@ -20,7 +19,6 @@ from configs import common
 from configs import deepseek3 as deepseek3_config
 from maxtext.common.model_config import ModelConfig
 from maxtext.kernels import dispatch
-from maxtext.layers import rope
 from maxtext.metrics import flops
 from maxtext.models import deepseek3
 from maxtext.models import execution
@@ -48,15 +46,16 @@ class DeepSeek3HuggingFaceTest(parameterized.TestCase):
   def test_config_mapping(self):
     cfg = self.cfg
     self.assertEqual(
-        (cfg.attention_type, cfg.q_lora_rank, cfg.kv_lora_rank,
-         cfg.qk_nope_head_dim, cfg.head_dim, cfg.v_head_dim),
+        (cfg.attention.type, cfg.mla.q_lora_rank, cfg.mla.kv_lora_rank,
+         cfg.mla.qk_nope_head_dim, cfg.attention.head_dim, cfg.mla.v_head_dim),
         ("mla", 24, 16, 12, 8, 10))
     self.assertEqual(
-        (cfg.num_experts, cfg.num_experts_per_token, cfg.num_shared_experts,
-         cfg.first_dense_layers, cfg.num_expert_groups,
-         cfg.expert_groups_per_token), (8, 2, 1, 1, 4, 2))
-    self.assertTrue(cfg.rope_interleave and cfg.router_bias)
-    self.assertEqual((cfg.rope_scaling, cfg.rope_yarn_mscale_all_dim),
+        (cfg.moe.num_experts, cfg.moe.num_experts_per_token,
+         cfg.moe.num_shared_experts,
+         cfg.pattern.first_dense_layers, cfg.moe.num_expert_groups,
+         cfg.moe.expert_groups_per_token), (8, 2, 1, 1, 4, 2))
+    self.assertTrue(cfg.mla.rope_interleave and cfg.moe.router_bias)
+    self.assertEqual((cfg.rope.scaling, cfg.rope.yarn_mscale_all_dim),
                      ("yarn", 1.0))
     self.assertEqual(deepseek3.model_config_from_hf(
         deepseek3.hf_config_from_model_config(cfg)), cfg)
@@ -98,13 +97,13 @@ def _counts(variant: str) -> tuple[ModelConfig, int, int]:
   MLPs, router, its routed experts and the shared expert, output head) plus
   the norm scales; the embedding lookup is not counted.
   """
-  cfg = dataclasses.replace(
-      ModelConfig.from_dict(deepseek3_config.get_config(variant).model),
-      mtp_layers=0)
+  cfg = ModelConfig.from_dict(
+      deepseek3_config.get_config(variant).model).replace(mtp_layers=0)
   total = _count(cfg)
-  moe_layers = cfg.num_layers - cfg.first_dense_layers
-  unused = moe_layers * (cfg.num_experts - cfg.num_experts_per_token) * (
-      3 * cfg.embed_dim * cfg.moe_mlp_dim)
+  moe_layers = cfg.num_layers - cfg.pattern.first_dense_layers
+  idle = cfg.moe.num_experts - cfg.moe.num_experts_per_token
+  unused = moe_layers * idle * (
+      3 * cfg.embed_dim * cfg.moe.mlp_dim)
   active = total - unused - cfg.vocab_size * cfg.embed_dim
   return cfg, total, active
 
@@ -122,7 +121,7 @@ class DeepSeek3ParameterCountTest(absltest.TestCase):
     self.assertEqual(flops.matmul_params(cfg), active - norms)
     # With MTP (one depth, plus the checkpoint's copies of the embedding
     # and output head): DeepSeek's 685B checkpoint, to the nearest 1B.
-    mtp = _count(dataclasses.replace(cfg, mtp_layers=1)) - total
+    mtp = _count(cfg.replace(mtp_layers=1)) - total
     copies = 2 * cfg.vocab_size * cfg.embed_dim
     self.assertLess(abs(total + mtp + copies - 685e9), 1e9)
 
@@ -137,8 +136,8 @@ _SEQ = 8
 
 def _train_state(mtp_loss_weight: float):
   config = deepseek3_config.get_config("tiny")
-  cfg = dataclasses.replace(
-      ModelConfig.from_dict(config.model), vocab_size=64, embed_dim=32,
+  cfg = ModelConfig.from_dict(config.model).replace(
+      vocab_size=64, embed_dim=32,
       mlp_dim=32, scan_layers=False, mtp_layers=2,
       mtp_loss_weight=mtp_loss_weight)
   opt_config = optimizer.OptimizerConfig(**config.optimizer.to_dict())
@@ -173,9 +172,8 @@ def _hand_mtp_loss(model, batch) -> float:
   model's pieces (blocks run one by one) and numpy."""
   cfg = model.cfg
   positions, segments = batch["positions"], batch["segment_ids"]
-  rotary = rope.Rotary.at(jnp.asarray(positions),
-                          rope.global_inverse_frequencies(cfg),
-                          rope.global_attention_factor(cfg))
+  rotary = cfg.rope.global_rotary(jnp.asarray(positions),
+                                  cfg.attention.head_dim)
 
   def block(b, x):
     return b(x, rotary, window=None, segment_ids_BL=jnp.asarray(segments))[0]

@@ -42,14 +42,16 @@ class Execution:
     """Raises ValueError naming the key when `cfg` cannot run so."""
     kernel = self.attention_kernel
     if kernel.impl in ("xla", "cudnn"):
-      for field, feature in (("attn_logit_softcap", "attention-logit soft-cap"),
-                             ("attention_sinks", "attention sinks")):
-        if getattr(cfg, field):
+      for field, value, feature in (
+          ("attn_logit_softcap", cfg.attention.logit_softcap,
+           "attention-logit soft-cap"),
+          ("attention_sinks", cfg.attention.sinks, "attention sinks")):
+        if value:
           raise ValueError(
               f"attention_kernel.impl={kernel.impl!r} has no {feature}"
-              f" (model.{field}={getattr(cfg, field)!r}); use \"auto\","
+              f" (model.{field}={value!r}); use \"auto\","
               ' "reference", "blockwise", "splash" or "pallas_gpu".')
-    if kernel.context_parallel == "ring" and cfg.attention_type == "mla":
+    if kernel.context_parallel == "ring" and cfg.attention.type == "mla":
       raise ValueError(
           'attention_kernel.context_parallel="ring" serves'
           ' attention_type="gqa" layers only; use "allgather" with'
@@ -75,11 +77,12 @@ class Execution:
           f" {valid}.")
     if not cfg.scan_layers:
       refuse("pipelining needs model.scan_layers=True")
-    for field, what in (("num_experts", "experts"),
-                        ("mtp_layers", "multi-token prediction")):
-      if getattr(cfg, field):
+    for field, value, what in (
+        ("num_experts", cfg.moe.num_experts, "experts"),
+        ("mtp_layers", cfg.mtp.layers, "multi-token prediction")):
+      if value:
         refuse(f"pipelining is not supported with {what} (model.{field}="
-               f"{getattr(cfg, field)}); use 1")
+               f"{value}); use 1")
     kinds = [kind.name for kind in layer_pattern.kinds(cfg)]
     if len(kinds) > 1:
       refuse(f"pipelining runs one layer kind; this model has {kinds}"

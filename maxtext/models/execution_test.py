@@ -2,7 +2,6 @@
 run refused by `Execution.check`, by the decoder and by the config front
 door, each naming its keys."""
 
-import dataclasses
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -16,9 +15,9 @@ from maxtext.models import decoder
 from maxtext.models import execution
 from maxtext.trainers.config import ExperimentConfig
 
-_LLAMA = ModelConfig(family="llama3", vocab_size=32, num_layers=4,
-                     embed_dim=16, mlp_dim=32, num_heads=4, num_kv_heads=2,
-                     head_dim=8)
+_LLAMA = ModelConfig.from_dict(dict(family="llama3", vocab_size=32,
+                                    num_layers=4, embed_dim=16, mlp_dim=32,
+                                    num_heads=4, num_kv_heads=2, head_dim=8))
 
 
 def _piped(stages=2, **pipeline_values) -> execution.Execution:
@@ -64,6 +63,10 @@ class CheckTest(parameterized.TestCase):
        execution.Execution(attention_kernel=dispatch.Kernel(impl="cudnn")),
        dict(attention_sinks=True),
        r"attention_kernel.impl='cudnn' has no attention sinks"),
+      ("sinks_xla",
+       execution.Execution(attention_kernel=dispatch.Kernel(impl="xla")),
+       dict(attention_sinks=True),
+       r"attention_kernel.impl='xla' has no attention sinks"),
       ("ring_mla",
        execution.Execution(
            attention_kernel=dispatch.Kernel(context_parallel="ring")),
@@ -86,7 +89,7 @@ class CheckTest(parameterized.TestCase):
        r"one layer kind; this model has \['blocks', 'global_blocks'\]"),
   )
   def test_refused_everywhere(self, run, changes, message):
-    cfg = dataclasses.replace(_LLAMA, **changes)
+    cfg = _LLAMA.replace(**changes)
     with self.assertRaisesRegex(ValueError, message):
       run.check(cfg)
     with self.assertRaisesRegex(ValueError, message):

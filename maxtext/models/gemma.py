@@ -42,12 +42,12 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   if activation not in _ACTIVATIONS:
     raise ValueError(f"Unsupported Gemma activation {activation!r}; "
                      f"supported: {sorted(_ACTIVATIONS)}.")
-  return ModelConfig(
+  return ModelConfig.from_dict(dict(
       family="gemma",
       **ARCHITECTURE,
       mlp_activation=_ACTIVATIONS[activation],
       **hf_params.decoder_fields(hf, tie_embeddings_default=True),
-  )
+  ))
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
         "num_hidden_layers"]
     interval = hf_params.global_layer_interval(
         hf.get("layer_types") or alternating[:hf["num_hidden_layers"]])
-  return ModelConfig(
+  return ModelConfig.from_dict(dict(
       family="gemma2",
       **ARCHITECTURE,
       rope_local_theta=fields["rope_theta"],
@@ -72,7 +72,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       final_logit_softcap=hf.get("final_logit_softcapping") or 0.0,
       mlp_activation=_ACTIVATIONS[activation],
       **fields,
-  )
+  ))
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
       hidden_act="gelu_pytorch_tanh",
       hidden_activation="gelu_pytorch_tanh",
       query_pre_attn_scalar=hf_params.hf_query_pre_attn_scalar(cfg),
-      sliding_window=cfg.sliding_window or None,
+      sliding_window=cfg.pattern.sliding_window or None,
       layer_types=hf_params.hf_layer_types(cfg),
-      attn_logit_softcapping=cfg.attn_logit_softcap or None,
+      attn_logit_softcapping=cfg.attention.logit_softcap or None,
       final_logit_softcapping=cfg.final_logit_softcap or None)

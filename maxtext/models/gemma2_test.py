@@ -1,6 +1,5 @@
 """Gemma 2: logits and weights equal Hugging Face's; parameter counts."""
 
-import dataclasses
 import math
 
 from absl.testing import absltest
@@ -42,10 +41,10 @@ class Gemma2HuggingFaceTest(parameterized.TestCase):
   def test_config_mapping(self):
     cfg = self.cfg
     self.assertEqual(cfg.layer_windows(), (5, None, 5, None, 5))
-    self.assertEqual(cfg.rope_local_theta, cfg.rope_theta)
-    self.assertEqual((cfg.attn_logit_softcap, cfg.final_logit_softcap),
+    self.assertEqual(cfg.rope.local_theta, cfg.rope.theta)
+    self.assertEqual((cfg.attention.logit_softcap, cfg.final_logit_softcap),
                      (5.0, 3.0))
-    self.assertEqual(cfg.query_pre_attn_scalar, 24)
+    self.assertEqual(cfg.attention.query_pre_attn_scalar, 24)
     self.assertTrue(cfg.post_norms)
 
   def test_config_json_without_layer_types_alternates(self):
@@ -66,7 +65,7 @@ class Gemma2HuggingFaceTest(parameterized.TestCase):
   )
   def test_each_feature_matters(self, **off):
     # Guards the parity test: turning one feature off changes our logits.
-    cfg = dataclasses.replace(self.cfg, **off)
+    cfg = self.cfg.replace(**off)
     self.assertGreater(
         hf_reference.max_logit_diff(self.hf_model, cfg, _TOKENS), 1e-2)
 

@@ -77,7 +77,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   else:
     global_rope = {**(hf["rope_scaling"] or {}), "rope_theta": hf["rope_theta"]}
     local_theta = hf["rope_local_base_freq"]
-  return ModelConfig(
+  return ModelConfig.from_dict(dict(
       family="gemma3",
       **ARCHITECTURE,
       vocab_size=hf["vocab_size"],
@@ -97,7 +97,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       final_logit_softcap=hf["final_logit_softcapping"] or 0.0,
       mlp_activation=_ACTIVATIONS[activation],
       **hf_params.rope_fields(global_rope),
-  )
+  ))
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -110,13 +110,13 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   config["rope_parameters"] = {
       "full_attention": config["rope_parameters"],
       "sliding_attention": {"rope_type": "default",
-                            "rope_theta": cfg.rope_local_theta},
+                            "rope_theta": cfg.rope.local_theta},
   }
   return dict(
       config,
       hidden_activation="gelu_pytorch_tanh",
       query_pre_attn_scalar=hf_params.hf_query_pre_attn_scalar(cfg),
-      sliding_window=cfg.sliding_window or None,
+      sliding_window=cfg.pattern.sliding_window or None,
       layer_types=hf_params.hf_layer_types(cfg),
-      attn_logit_softcapping=cfg.attn_logit_softcap or None,
+      attn_logit_softcapping=cfg.attention.logit_softcap or None,
       final_logit_softcapping=cfg.final_logit_softcap or None)

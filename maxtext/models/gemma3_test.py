@@ -1,6 +1,5 @@
 """Gemma 3: logits equal Hugging Face's; config mapping; parameter counts."""
 
-import dataclasses
 import math
 
 from absl.testing import absltest
@@ -59,8 +58,8 @@ class Gemma3HuggingFaceTest(parameterized.TestCase):
         final_logit_softcapping=3.0, attn_implementation="eager")
     hf_model = hf_reference.random_hf_model(transformers.Gemma2ForCausalLM,
                                             hf_config, norm_mean=0.0)
-    cfg = dataclasses.replace(
-        self.cfg, qk_norm=False, global_layer_interval=2, rope_theta=1e4,
+    cfg = self.cfg.replace(
+        qk_norm=False, global_layer_interval=2, rope_theta=1e4,
         rope_scaling="default", rope_scaling_factor=1.0,
         attn_logit_softcap=5.0, final_logit_softcap=3.0)
     for scan_layers in (True, False):
@@ -71,10 +70,10 @@ class Gemma3HuggingFaceTest(parameterized.TestCase):
   def test_config_mapping(self):
     cfg = self.cfg
     self.assertEqual(cfg.layer_windows(), (5,) * 5 + (None,) + (5,) * 2)
-    self.assertEqual((cfg.rope_scaling, cfg.rope_scaling_factor),
+    self.assertEqual((cfg.rope.scaling, cfg.rope.scaling_factor),
                      ("linear", 8.0))
-    self.assertEqual((cfg.rope_theta, cfg.rope_local_theta), (1e6, 1e4))
-    self.assertEqual(cfg.query_pre_attn_scalar, 24)
+    self.assertEqual((cfg.rope.theta, cfg.rope.local_theta), (1e6, 1e4))
+    self.assertEqual(cfg.attention.query_pre_attn_scalar, 24)
 
   def test_legacy_config_json_keys(self):
     legacy = {k: v for k, v in self.hf_model.config.to_dict().items()

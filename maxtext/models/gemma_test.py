@@ -36,9 +36,10 @@ class GemmaHuggingFaceTest(parameterized.TestCase):
 
   def test_config_mapping(self):
     cfg = self.cfg
-    self.assertEqual((cfg.norm_offset, cfg.scale_embeddings), (1.0, True))
-    self.assertEqual(cfg.mlp_activation, "gelu_tanh")
-    self.assertEqual((cfg.num_kv_heads, cfg.head_dim), (1, 24))
+    self.assertEqual((cfg.norm.offset, cfg.scale_embeddings), (1.0, True))
+    self.assertEqual(cfg.mlp.activation, "gelu_tanh")
+    self.assertEqual((cfg.attention.num_kv_heads, cfg.attention.head_dim),
+                     (1, 24))
     self.assertTrue(cfg.tie_embeddings)
 
   @parameterized.product(scan_layers=(True, False),

@@ -91,7 +91,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
                      f"but sliding_window={hf.get('sliding_window')!r}; "
                      "give a positive window or only full_attention layers.")
   bias = bool(hf.get("attention_bias", True))
-  return ModelConfig(
+  return ModelConfig.from_dict(dict(
       family="gpt_oss",
       **ARCHITECTURE,
       qkv_bias=bias,
@@ -103,7 +103,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       moe_mlp_dim=hf["intermediate_size"],
       load_balance_loss_weight=hf.get("router_aux_loss_coef", 0.0),
       **hf_params.decoder_fields(hf, tie_embeddings_default=False),
-  )
+  ))
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -111,13 +111,14 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   config = dict(
       hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
                                   architecture=HF_ARCHITECTURE),
-      intermediate_size=cfg.moe_mlp_dim, hidden_act="silu",
-      attention_bias=cfg.qkv_bias, sliding_window=cfg.sliding_window or None,
+      intermediate_size=cfg.moe.mlp_dim, hidden_act="silu",
+      attention_bias=cfg.attention.qkv_bias,
+      sliding_window=cfg.pattern.sliding_window or None,
       layer_types=hf_params.hf_layer_types(cfg),
-      num_local_experts=cfg.num_experts,
-      num_experts_per_tok=cfg.num_experts_per_token,
-      router_aux_loss_coef=cfg.load_balance_loss_weight)
-  if cfg.rope_scaling == "yarn":
+      num_local_experts=cfg.moe.num_experts,
+      num_experts_per_tok=cfg.moe.num_experts_per_token,
+      router_aux_loss_coef=cfg.moe.load_balance_loss_weight)
+  if cfg.rope.scaling == "yarn":
     config["max_position_embeddings"] = int(
-        cfg.rope_original_max_length * cfg.rope_scaling_factor)
+        cfg.rope.original_max_length * cfg.rope.scaling_factor)
   return config

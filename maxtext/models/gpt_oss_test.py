@@ -1,6 +1,5 @@
 """GPT-OSS: logits and weights equal Hugging Face's; parameter counts."""
 
-import dataclasses
 import math
 
 from absl.testing import absltest
@@ -52,17 +51,17 @@ class GptOssHuggingFaceTest(parameterized.TestCase):
 
   def test_config_mapping(self):
     cfg = self.cfg
-    self.assertEqual((cfg.num_experts, cfg.num_experts_per_token,
-                      cfg.moe_mlp_dim), (4, 2, 96))
+    self.assertEqual((cfg.moe.num_experts, cfg.moe.num_experts_per_token,
+                      cfg.moe.mlp_dim), (4, 2, 96))
     self.assertEqual(cfg.layer_windows(), (5, None))
     self.assertEqual(
         [("full_attention" if w is None else "sliding_attention")
          for w in cfg.layer_windows()], self.hf_model.config.layer_types)
-    self.assertEqual((cfg.rope_scaling, cfg.rope_scaling_factor,
-                      cfg.rope_yarn_truncate, cfg.rope_local_theta),
+    self.assertEqual((cfg.rope.scaling, cfg.rope.scaling_factor,
+                      cfg.rope.yarn_truncate, cfg.rope.local_theta),
                      ("yarn", 4.0, False, None))
-    self.assertTrue(cfg.attention_sinks and cfg.qkv_bias
-                    and cfg.attention_output_bias)
+    self.assertTrue(cfg.attention.sinks and cfg.attention.qkv_bias
+                    and cfg.attention.output_bias)
     self.assertEqual(gpt_oss.model_config_from_hf(
         gpt_oss.hf_config_from_model_config(cfg)), cfg)
 
@@ -97,11 +96,11 @@ class GptOssHuggingFaceTest(parameterized.TestCase):
     for changes in (dict(sliding_window=0, global_layer_interval=1),
                     dict(attention_sinks=False),
                     dict(rope_scaling="default", rope_scaling_factor=1.0)):
-      cfg = dataclasses.replace(self.cfg, **changes)
+      cfg = self.cfg.replace(**changes)
       other = registry.create_model(cfg, rngs=nnx.Rngs(0))
       hf_weights.load_hf_weights(other, {
           name: array for name, array in state.items()
-          if cfg.attention_sinks or not name.endswith("sinks")})
+          if cfg.attention.sinks or not name.endswith("sinks")})
       self.assertGreater(
           float(jnp.abs(other(jnp.asarray(_TOKENS)) - want).max()), 1e-3,
           changes)
@@ -131,7 +130,7 @@ class GptOssHuggingFaceTest(parameterized.TestCase):
 
   def test_local_rotary_base_must_be_positive_or_none(self):
     with self.assertRaisesRegex(ValueError, "rope_local_theta.*None"):
-      dataclasses.replace(self.cfg, rope_local_theta=0.0)
+      self.cfg.replace(rope_local_theta=0.0)
 
   def test_sliding_layers_need_a_window(self):
     hf = {**self.hf_model.config.to_dict(), "sliding_window": None}
@@ -156,8 +155,8 @@ class GptOssParameterCountTest(parameterized.TestCase):
     heads, kv_heads, head_dim, embed = 64, 8, 64, 2880
     per_layer = (2 * embed  # Norms.
                  + (heads + 2 * kv_heads) * head_dim + embed + heads
-                 + cfg.num_experts  # Router bias.
-                 + 4 * (2 * cfg.moe_mlp_dim + embed))  # Expert biases.
+                 + cfg.moe.num_experts  # Router bias.
+                 + 4 * (2 * cfg.moe.mlp_dim + embed))  # Expert biases.
     self.assertEqual(flops.matmul_params(cfg),
                      active - embed - cfg.num_layers * per_layer)
 

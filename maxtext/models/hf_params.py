@@ -162,22 +162,22 @@ def decoder_fields(hf: Mapping[str, Any], *,
 def hf_rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
   """Hugging Face `rope_parameters` of global layers (inverse of
   `rope_fields`)."""
-  rope = {"rope_type": cfg.rope_scaling, "rope_theta": cfg.rope_theta}
-  if cfg.rope_scaling != "default":
-    rope["factor"] = cfg.rope_scaling_factor
-  if cfg.rope_scaling == "llama3":
-    rope["low_freq_factor"] = cfg.rope_low_freq_factor
-    rope["high_freq_factor"] = cfg.rope_high_freq_factor
-  if cfg.rope_scaling in ("llama3", "yarn"):
-    rope["original_max_position_embeddings"] = cfg.rope_original_max_length
-  if cfg.rope_scaling == "yarn":
-    rope.update(beta_fast=cfg.rope_yarn_beta_fast,
-                beta_slow=cfg.rope_yarn_beta_slow,
-                truncate=cfg.rope_yarn_truncate)
-    if cfg.rope_yarn_mscale:
-      rope["mscale"] = cfg.rope_yarn_mscale
-    if cfg.rope_yarn_mscale_all_dim:
-      rope["mscale_all_dim"] = cfg.rope_yarn_mscale_all_dim
+  rope = {"rope_type": cfg.rope.scaling, "rope_theta": cfg.rope.theta}
+  if cfg.rope.scaling != "default":
+    rope["factor"] = cfg.rope.scaling_factor
+  if cfg.rope.scaling == "llama3":
+    rope["low_freq_factor"] = cfg.rope.low_freq_factor
+    rope["high_freq_factor"] = cfg.rope.high_freq_factor
+  if cfg.rope.scaling in ("llama3", "yarn"):
+    rope["original_max_position_embeddings"] = cfg.rope.original_max_length
+  if cfg.rope.scaling == "yarn":
+    rope.update(beta_fast=cfg.rope.yarn_beta_fast,
+                beta_slow=cfg.rope.yarn_beta_slow,
+                truncate=cfg.rope.yarn_truncate)
+    if cfg.rope.yarn_mscale:
+      rope["mscale"] = cfg.rope.yarn_mscale
+    if cfg.rope.yarn_mscale_all_dim:
+      rope["mscale_all_dim"] = cfg.rope.yarn_mscale_all_dim
   return rope
 
 
@@ -194,18 +194,18 @@ def decoder_hf_config(cfg: ModelConfig, *, model_type: str,
       vocab_size=cfg.vocab_size,
       num_hidden_layers=cfg.num_layers,
       hidden_size=cfg.embed_dim,
-      intermediate_size=cfg.mlp_dim,
-      num_attention_heads=cfg.num_heads,
-      num_key_value_heads=cfg.num_kv_heads,
-      head_dim=cfg.head_dim,
+      intermediate_size=cfg.mlp.dim,
+      num_attention_heads=cfg.attention.num_heads,
+      num_key_value_heads=cfg.attention.num_kv_heads,
+      head_dim=cfg.attention.head_dim,
       tie_word_embeddings=cfg.tie_embeddings,
-      rms_norm_eps=cfg.norm_eps,
+      rms_norm_eps=cfg.norm.eps,
       rope_parameters=hf_rope_parameters(cfg),
       dtype=cfg.param_dtype,
   )
-  if cfg.rope_scaling == "llama3":
+  if cfg.rope.scaling == "llama3":
     config["max_position_embeddings"] = int(
-        cfg.rope_original_max_length * cfg.rope_scaling_factor)
+        cfg.rope.original_max_length * cfg.rope.scaling_factor)
   return config
 
 
@@ -320,5 +320,5 @@ def expert_params(moe_prefix: str, router: str, gate: str, up: str,
 
 def hf_query_pre_attn_scalar(cfg: ModelConfig) -> int | float:
   """`query_pre_attn_scalar` as Hugging Face configs store it (an int when whole)."""
-  scalar = cfg.query_pre_attn_scalar or cfg.head_dim
+  scalar = cfg.attention.query_pre_attn_scalar or cfg.attention.head_dim
   return int(scalar) if float(scalar).is_integer() else scalar

@@ -212,11 +212,11 @@ def load_hf_weights(model: nnx.Module,
   known = {entry.hf_name for entry in family.HF_PARAMS}
   cfg = model.cfg
   beyond = sorted(name for name in set(names) - used
-                  if (_layer_of(name) or 0) >= cfg.num_layers + cfg.mtp_layers)
+                  if (_layer_of(name) or 0) >= cfg.num_layers + cfg.mtp.layers)
   if beyond and hasattr(family, "HF_MTP_PARAMS"):
     logging.info("Skipping %d Hugging Face weights of multi-token prediction"
                  " layers (>= %d) that the model (mtp_layers=%d) lacks.",
-                 len(beyond), cfg.num_layers + cfg.mtp_layers, cfg.mtp_layers)
+                 len(beyond), cfg.num_layers + cfg.mtp.layers, cfg.mtp.layers)
     used.update(beyond)
   # Weights of parameters this configuration lacks (a tied model's lm_head)
   # are ignored; anything else left over means a mapping is missing.

@@ -14,29 +14,36 @@ from maxtext.models import registry
 _SIZES = dict(vocab_size=32, num_layers=3, embed_dim=16, mlp_dim=24,
               num_heads=4, num_kv_heads=2, head_dim=8)
 _CONFIGS = {
-    "gemma3": ModelConfig(family="gemma3", **_SIZES, norm_offset=1.0,
-                          post_norms=True, qk_norm=True, sliding_window=4,
-                          global_layer_interval=2),
-    "llama3": ModelConfig(family="llama3", **_SIZES, tie_embeddings=False),
-    "qwen2_5": ModelConfig(family="qwen2_5", **_SIZES, qkv_bias=True),
+    "gemma3": ModelConfig.from_dict(dict(family="gemma3", **_SIZES,
+                                         norm_offset=1.0, post_norms=True,
+                                         qk_norm=True, sliding_window=4,
+                                         global_layer_interval=2)),
+    "llama3": ModelConfig.from_dict(dict(family="llama3", **_SIZES,
+                                         tie_embeddings=False)),
+    "qwen2_5": ModelConfig.from_dict(dict(family="qwen2_5", **_SIZES,
+                                          qkv_bias=True)),
     # Leading dense layer (`dense_blocks`), then experts.
-    "mixtral": ModelConfig(family="mixtral", **_SIZES, tie_embeddings=False,
-                           num_experts=4, num_experts_per_token=2,
-                           moe_mlp_dim=8, first_dense_layers=1),
+    "mixtral": ModelConfig.from_dict(dict(family="mixtral", **_SIZES,
+                                          tie_embeddings=False, num_experts=4,
+                                          num_experts_per_token=2,
+                                          moe_mlp_dim=8, first_dense_layers=1)),
     # MLA, a dense layer, experts and a multi-token prediction module.
-    "deepseek3": ModelConfig(
-        family="deepseek3", **{**_SIZES, "num_kv_heads": 4},
-        tie_embeddings=False, attention_type="mla", q_lora_rank=8,
-        kv_lora_rank=8, qk_nope_head_dim=4, v_head_dim=6, num_experts=4,
-        num_experts_per_token=2, moe_mlp_dim=8, num_shared_experts=1,
-        first_dense_layers=1, router_score="sigmoid", router_bias=True,
-        mtp_layers=1),
+    "deepseek3": ModelConfig.from_dict(dict(family="deepseek3",
+                                            **{**_SIZES, "num_kv_heads": 4},
+                                            tie_embeddings=False,
+                                            attention_type="mla", q_lora_rank=8,
+                                            kv_lora_rank=8, qk_nope_head_dim=4,
+                                            v_head_dim=6, num_experts=4,
+                                            num_experts_per_token=2,
+                                            moe_mlp_dim=8, num_shared_experts=1,
+                                            first_dense_layers=1,
+                                            router_score="sigmoid",
+                                            router_bias=True, mtp_layers=1)),
 }
 
 
 def _model(family, scan_layers, seed=0, **changes):
-  cfg = ModelConfig(**{**vars(_CONFIGS[family]), "scan_layers": scan_layers,
-                       **changes})
+  cfg = _CONFIGS[family].replace(scan_layers=scan_layers, **changes)
   return registry.create_model(cfg, rngs=nnx.Rngs(seed))
 
 

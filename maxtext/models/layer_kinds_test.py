@@ -3,7 +3,6 @@ with its own head size and experts) against itself unrolled by hand:
 logits and the sown MoE values, scanned and unscanned, through Hugging Face
 weights, with a KV cache, and its FLOP count per kind."""
 
-import dataclasses
 
 from absl.testing import absltest
 from flax import nnx
@@ -27,14 +26,17 @@ def _cfg(**changes) -> ModelConfig:
   dim 16 and 1 kv head (the others 8 and 2): a scanned run of 2 groups of
   [dense, experts, dense, global experts], then an unrolled [dense,
   experts]."""
-  return ModelConfig(
-      family="qwen3_moe", vocab_size=64, num_layers=10, embed_dim=32,
-      mlp_dim=48, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
-      num_experts=4, num_experts_per_token=2, moe_mlp_dim=16,
-      first_dense_layers=1, moe_layer_interval=2, sliding_window=3,
-      global_layer_interval=4, global_head_dim=16, global_num_kv_heads=1,
-      load_balance_loss_weight=0.1, router_bias=True,
-      router_bias_update_rate=0.01, **changes)
+  return ModelConfig.from_dict(dict(family="qwen3_moe", vocab_size=64,
+                                    num_layers=10, embed_dim=32, mlp_dim=48,
+                                    num_heads=4, num_kv_heads=2, head_dim=8,
+                                    qk_norm=True, num_experts=4,
+                                    num_experts_per_token=2, moe_mlp_dim=16,
+                                    first_dense_layers=1, moe_layer_interval=2,
+                                    sliding_window=3, global_layer_interval=4,
+                                    global_head_dim=16, global_num_kv_heads=1,
+                                    load_balance_loss_weight=0.1,
+                                    router_bias=True,
+                                    router_bias_update_rate=0.01, **changes))
 
 
 def _tokens():
@@ -65,8 +67,8 @@ def _by_hand(model, tokens):
     block = getattr(model, name)[counts.get(name, 0)]
     counts[name] = counts.get(name, 0) + 1
     kind_cfg = layer.kind.config(cfg)
-    rotary = rope.Rotary.at(positions,
-                            rope.global_inverse_frequencies(kind_cfg))
+    rotary = rope.Rotary.at(positions, kind_cfg.rope.global_inverse_frequencies(
+        kind_cfg.attention.head_dim))
     x, _, aux = block(x, rotary, window=layer.window, segment_ids_BL=None)
     if aux is not None:
       loss += aux["loss"]
@@ -115,14 +117,14 @@ class LayerKindsTest(absltest.TestCase):
   def test_an_expert_kind_with_two_windows_sows_each_layer_once(self):
     # Local and global expert layers of the same sizes: one kind, two
     # windows (GPT-OSS); its layers' loss and loads count once each.
-    cfg = dataclasses.replace(
-        _cfg(scan_layers=False), global_head_dim=0, global_num_kv_heads=0,
+    cfg = _cfg(scan_layers=False).replace(
+        global_head_dim=0, global_num_kv_heads=0,
         global_layer_interval=2, moe_layer_interval=1)
     self.assertEqual(
         {layer.window for layer in layer_pattern.layers(cfg)
          if layer.kind.experts}, {3, None})
     unscanned = registry.create_model(cfg, rngs=nnx.Rngs(3))
-    scanned = registry.create_model(dataclasses.replace(cfg, scan_layers=True),
+    scanned = registry.create_model(cfg.replace(scan_layers=True),
                                     rngs=nnx.Rngs(4))
     hf_weights.load_hf_weights(scanned, hf_weights.to_hf_weights(unscanned))
     tokens = _tokens()
@@ -177,13 +179,13 @@ class LayerKindsTest(absltest.TestCase):
       names = [str(p) for p in path]
       size = int(np.prod(variable.shape))
       if names[-2:-1] == ["moe"] and names[-1] in ("gate", "up", "down"):
-        params += size * cfg.num_experts_per_token // cfg.num_experts
+        params += size * cfg.moe.num_experts_per_token // cfg.moe.num_experts
       elif names[-1] == "kernel" and names[0] != "embedder":
         params += size  # Projections, MLPs, router, shared experts, head.
     if cfg.tie_embeddings:  # The output head is a matmul, tied or not.
       params += cfg.embed_dim * cfg.vocab_size
     self.assertEqual(flops.matmul_params(cfg), params)
-    uniform = dataclasses.replace(cfg, global_head_dim=0,
+    uniform = cfg.replace(global_head_dim=0,
                                   global_num_kv_heads=0)
     self.assertGreater(flops.matmul_params(cfg),
                        flops.matmul_params(uniform))

@@ -6,7 +6,6 @@ vocabulary, and multi-head attention (GQA with 8 key/value heads in 70B). The
 Hugging Face layout and config keys are Llama 3's (`LlamaConfig` /
 `LlamaForCausalLM`). """
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,8 +24,7 @@ ARCHITECTURE = llama3.ARCHITECTURE
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   """`ModelConfig` of a Hugging Face Llama 2 config (see `llama3`)."""
-  return dataclasses.replace(llama3.model_config_from_hf(hf_config),
-                             family="llama2")
+  return llama3.model_config_from_hf(hf_config).replace(family="llama2")
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:

@@ -1,6 +1,5 @@
 """Llama 2: logits and weights equal Hugging Face's; parameter counts."""
 
-import dataclasses
 import math
 
 from absl.testing import absltest
@@ -40,9 +39,10 @@ class Llama2HuggingFaceTest(parameterized.TestCase):
   def test_config_mapping(self):
     cfg = self.cfg
     self.assertEqual(cfg.family, "llama2")
-    self.assertEqual((cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+    self.assertEqual((cfg.attention.num_heads, cfg.attention.num_kv_heads,
+                      cfg.attention.head_dim),
                      (4, 4, 16))
-    self.assertEqual((cfg.rope_theta, cfg.rope_scaling), (1e4, "default"))
+    self.assertEqual((cfg.rope.theta, cfg.rope.scaling), (1e4, "default"))
     self.assertFalse(cfg.tie_embeddings)
 
   @parameterized.parameters(True, False)
@@ -65,7 +65,7 @@ class Llama2HuggingFaceTest(parameterized.TestCase):
     # parameter dtype can hold it.
     state_dict = {name: tensor.to(torch_dtype).float().numpy()
                   for name, tensor in self.hf_model.state_dict().items()}
-    cfg = dataclasses.replace(self.cfg, param_dtype=param_dtype)
+    cfg = self.cfg.replace(param_dtype=param_dtype)
     model = registry.create_model(cfg, rngs=nnx.Rngs(0))
     hf_weights.load_hf_weights(model, state_dict)
     exact = param_dtype == "float32" or torch_dtype == torch.bfloat16

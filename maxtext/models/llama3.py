@@ -42,11 +42,11 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   if hf["hidden_act"] != "silu":
     raise ValueError(f"Unsupported Llama hidden_act {hf['hidden_act']!r}; "
                      "supported: 'silu'.")
-  return ModelConfig(
+  return ModelConfig.from_dict(dict(
       family="llama3",
       **ARCHITECTURE,
       **hf_params.decoder_fields(hf, tie_embeddings_default=False),
-  )
+  ))
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:

@@ -41,7 +41,7 @@ class Llama3HuggingFaceTest(parameterized.TestCase):
   def test_logits_match(self, scan_layers, attention_impl):
     hf_config, hf_model = _hf_model(tie_word_embeddings=False)
     cfg = llama3.model_config_from_hf(hf_config.to_dict())
-    self.assertEqual(cfg.rope_scaling, "llama3")
+    self.assertEqual(cfg.rope.scaling, "llama3")
     self.assertFalse(cfg.tie_embeddings)
     diff = hf_reference.max_logit_diff(hf_model, cfg, _TOKENS,
                                        scan_layers=scan_layers,
@@ -57,7 +57,7 @@ class Llama3HuggingFaceTest(parameterized.TestCase):
                                     rope_scaling=rope_scaling)
     cfg = llama3.model_config_from_hf(hf_config.to_dict())
     self.assertTrue(cfg.tie_embeddings)
-    self.assertEqual(cfg.rope_scaling, rope_scaling["rope_type"])
+    self.assertEqual(cfg.rope.scaling, rope_scaling["rope_type"])
     self.assertLessEqual(
         hf_reference.max_logit_diff(hf_model, cfg, _TOKENS), _TOLERANCE)
 

@@ -49,7 +49,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   if window and fields["rope_scaling"] != "default":
     raise ValueError("Mistral with a sliding window and rope_type "
                      f"{fields['rope_scaling']!r} is not supported.")
-  return ModelConfig(
+  return ModelConfig.from_dict(dict(
       family="mistral",
       **ARCHITECTURE,
       sliding_window=window,
@@ -57,7 +57,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       global_layer_interval=0 if window else 1,
       rope_local_theta=fields["rope_theta"],
       **fields,
-  )
+  ))
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -65,4 +65,4 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   return dict(
       hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
                                   architecture=HF_ARCHITECTURE),
-      hidden_act="silu", sliding_window=cfg.sliding_window or None)
+      hidden_act="silu", sliding_window=cfg.pattern.sliding_window or None)

@@ -1,6 +1,5 @@
 """Mistral: logits and weights equal Hugging Face's; parameter counts."""
 
-import dataclasses
 import math
 
 from absl.testing import absltest
@@ -44,7 +43,7 @@ class MistralHuggingFaceTest(parameterized.TestCase):
   def test_config_mapping(self):
     cfg = self.cfg
     self.assertEqual(cfg.layer_windows(), (5, 5, 5))
-    self.assertEqual(cfg.rope_local_theta, cfg.rope_theta)
+    self.assertEqual(cfg.rope.local_theta, cfg.rope.theta)
     self.assertFalse(cfg.tie_embeddings)
 
   @parameterized.product(scan_layers=(True, False),
@@ -57,7 +56,7 @@ class MistralHuggingFaceTest(parameterized.TestCase):
 
   def test_the_window_matters(self):
     # Guards the parity test: without the window our logits differ.
-    cfg = dataclasses.replace(self.cfg, sliding_window=0,
+    cfg = self.cfg.replace(sliding_window=0,
                               global_layer_interval=1)
     self.assertGreater(
         hf_reference.max_logit_diff(self.hf_model, cfg, _TOKENS), 1e-2)
@@ -67,7 +66,7 @@ class MistralHuggingFaceTest(parameterized.TestCase):
     hf_config, hf_model = _hf_model(sliding_window=None, rope_theta=1e6)
     cfg = mistral.model_config_from_hf(hf_config.to_dict())
     self.assertEqual(cfg.layer_windows(), (None,) * 3)
-    self.assertEqual(cfg.rope_theta, 1e6)
+    self.assertEqual(cfg.rope.theta, 1e6)
     self.assertLessEqual(hf_reference.max_logit_diff(hf_model, cfg, _TOKENS),
                          _TOLERANCE)
 

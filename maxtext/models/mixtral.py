@@ -53,7 +53,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
     raise ValueError(f"Mixtral sliding_window={hf['sliding_window']} is not "
                      "supported; only None.")
   fields = hf_params.decoder_fields(hf, tie_embeddings_default=False)
-  return ModelConfig(
+  return ModelConfig.from_dict(dict(
       family="mixtral",
       **ARCHITECTURE,
       num_experts=hf["num_local_experts"],
@@ -61,7 +61,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       moe_mlp_dim=hf["intermediate_size"],
       load_balance_loss_weight=hf.get("router_aux_loss_coef", 0.0),
       **fields,
-  )
+  ))
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -69,7 +69,7 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   return dict(
       hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
                                   architecture=HF_ARCHITECTURE),
-      intermediate_size=cfg.moe_mlp_dim, hidden_act="silu",
-      sliding_window=None, num_local_experts=cfg.num_experts,
-      num_experts_per_tok=cfg.num_experts_per_token,
-      router_aux_loss_coef=cfg.load_balance_loss_weight)
+      intermediate_size=cfg.moe.mlp_dim, hidden_act="silu",
+      sliding_window=None, num_local_experts=cfg.moe.num_experts,
+      num_experts_per_tok=cfg.moe.num_experts_per_token,
+      router_aux_loss_coef=cfg.moe.load_balance_loss_weight)

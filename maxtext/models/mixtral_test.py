@@ -48,10 +48,10 @@ class MixtralHuggingFaceTest(parameterized.TestCase):
 
   def test_config_mapping(self):
     cfg = self.cfg
-    self.assertEqual((cfg.num_experts, cfg.num_experts_per_token,
-                      cfg.moe_mlp_dim), (4, 2, 32))
-    self.assertTrue(cfg.router_normalize)
-    self.assertEqual(cfg.router_score, "softmax")
+    self.assertEqual((cfg.moe.num_experts, cfg.moe.num_experts_per_token,
+                      cfg.moe.mlp_dim), (4, 2, 32))
+    self.assertTrue(cfg.moe.router_normalize)
+    self.assertEqual(cfg.moe.router_score, "softmax")
     self.assertEqual(mixtral.model_config_from_hf(
         mixtral.hf_config_from_model_config(cfg)), cfg)
 

@@ -22,16 +22,42 @@ Shape key: B batch, L length, D embed dim, V vocab.
 """
 
 from collections.abc import Callable, Sequence
+import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from maxtext.common import axes
-from maxtext.common.model_config import ModelConfig
+from maxtext.common import sections
 from maxtext.layers import linear
 from maxtext.layers import norm
 from maxtext.layers import rope
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MtpConfig:
+  """A model's multi-token prediction (`ModelConfig.mtp`).
+
+  Attributes (their `model` section keys in `KEYS`):
+    layers: Prediction depths, each one `MTP` module; 0 is off.
+    loss_weight: Weight of the mean over depths of their cross-entropy in
+      the training objective.
+  """
+
+  KEYS: ClassVar[dict[str, str]] = {"layers": "mtp_layers",
+                                    "loss_weight": "mtp_loss_weight"}
+
+  layers: int = 0
+  loss_weight: float = 0.0
+
+  def __post_init__(self):
+    value = self.layers
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      sections.fail_part(self, "layers", "must be an integer >= 0 (0 is off)")
+    if self.loss_weight < 0:
+      sections.fail_part(self, "loss_weight", "must be >= 0")
 
 
 class MtpLogits(nnx.Intermediate):
@@ -41,19 +67,19 @@ class MtpLogits(nnx.Intermediate):
 class MTP(nnx.Module):
   """One prediction depth: norms, projection of the concatenation, block."""
 
-  def __init__(self, cfg: ModelConfig, block: nnx.Module, *,
+  def __init__(self, block: nnx.Module, *, embed_dim: int,
+               norm_config: norm.NormConfig, dtype: str, param_dtype: str,
                rngs: nnx.Rngs):
     def embed_norm():
-      return norm.RMSNorm(cfg.embed_dim, axis_name=axes.EMBED,
-                          eps=cfg.norm_eps, offset=cfg.norm_offset,
-                          param_dtype=cfg.param_dtype)
+      return norm_config.rms_norm(embed_dim, axis_name=axes.EMBED,
+                                  param_dtype=param_dtype)
 
     self.embed_norm = embed_norm()
     self.hidden_norm = embed_norm()
     self.projection = linear.Linear(
-        (2 * cfg.embed_dim,), (cfg.embed_dim,), in_axes=(axes.EMBED,),
-        out_axes=(axes.EMBED,), dtype=cfg.dtype,
-        param_dtype=cfg.param_dtype, rngs=rngs)
+        (2 * embed_dim,), (embed_dim,), in_axes=(axes.EMBED,),
+        out_axes=(axes.EMBED,), dtype=dtype, param_dtype=param_dtype,
+        rngs=rngs)
     self.block = block
     self.final_norm = embed_norm()
 

@@ -46,11 +46,11 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   if hf["hidden_act"] != "silu":
     raise ValueError(f"Unsupported Qwen 2.5 hidden_act {hf['hidden_act']!r}; "
                      "supported: 'silu'.")
-  return ModelConfig(
+  return ModelConfig.from_dict(dict(
       family="qwen2_5",
       **ARCHITECTURE,
       **hf_params.decoder_fields(hf, tie_embeddings_default=False),
-  )
+  ))
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:

@@ -50,9 +50,9 @@ class Qwen25HuggingFaceTest(parameterized.TestCase):
 
   def test_config_mapping(self):
     cfg = self.cfg
-    self.assertTrue(cfg.qkv_bias)
+    self.assertTrue(cfg.attention.qkv_bias)
     self.assertTrue(cfg.tie_embeddings)
-    self.assertEqual((cfg.head_dim, cfg.rope_theta), (16, 1e6))
+    self.assertEqual((cfg.attention.head_dim, cfg.rope.theta), (16, 1e6))
 
   @parameterized.product(scan_layers=(True, False),
                          attention_impl=("reference", "xla"))

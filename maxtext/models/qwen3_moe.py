@@ -60,7 +60,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   if hf["hidden_act"] != "silu":
     raise ValueError(f"Unsupported Qwen 3 MoE hidden_act "
                      f"{hf['hidden_act']!r}; supported: 'silu'.")
-  return ModelConfig(
+  return ModelConfig.from_dict(dict(
       family="qwen3_moe",
       **ARCHITECTURE,
       # transformers >= 5 writes num_local_experts; checkpoints num_experts.
@@ -70,7 +70,7 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       router_normalize=bool(hf.get("norm_topk_prob", False)),
       load_balance_loss_weight=hf.get("router_aux_loss_coef", 0.0),
       **hf_params.decoder_fields(hf, tie_embeddings_default=False),
-  )
+  ))
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -79,8 +79,8 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
       hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
                                   architecture=HF_ARCHITECTURE),
       hidden_act="silu", attention_bias=False, use_sliding_window=False,
-      num_experts=cfg.num_experts,
-      num_experts_per_tok=cfg.num_experts_per_token,
-      moe_intermediate_size=cfg.moe_mlp_dim,
-      norm_topk_prob=cfg.router_normalize, decoder_sparse_step=1,
-      mlp_only_layers=[], router_aux_loss_coef=cfg.load_balance_loss_weight)
+      num_experts=cfg.moe.num_experts,
+      num_experts_per_tok=cfg.moe.num_experts_per_token,
+      moe_intermediate_size=cfg.moe.mlp_dim,
+      norm_topk_prob=cfg.moe.router_normalize, decoder_sparse_step=1,
+      mlp_only_layers=[], router_aux_loss_coef=cfg.moe.load_balance_loss_weight)

@@ -51,7 +51,7 @@ class Qwen3MoeHuggingFaceTest(parameterized.TestCase):
     hf_model = hf_reference.random_hf_model(
         transformers.Qwen3MoeForCausalLM, config, norm_mean=1.0)
     cfg = qwen3_moe.model_config_from_hf(config.to_dict())
-    self.assertEqual(cfg.router_normalize, normalize)
+    self.assertEqual(cfg.moe.router_normalize, normalize)
     # capacity_factor 8/3: every expert can take every token.
     diff = hf_reference.max_logit_diff(hf_model, cfg, _TOKENS,
                                        scan_layers=scan_layers,
@@ -64,8 +64,8 @@ class Qwen3MoeHuggingFaceTest(parameterized.TestCase):
     hf_model = hf_reference.random_hf_model(
         transformers.Qwen3MoeForCausalLM, config, norm_mean=1.0)
     cfg = qwen3_moe.model_config_from_hf(config.to_dict())
-    self.assertEqual((cfg.num_experts, cfg.num_experts_per_token,
-                      cfg.moe_mlp_dim, cfg.mlp_dim), (8, 3, 32, 96))
+    self.assertEqual((cfg.moe.num_experts, cfg.moe.num_experts_per_token,
+                      cfg.moe.mlp_dim, cfg.mlp.dim), (8, 3, 32, 96))
     self.assertEqual(qwen3_moe.model_config_from_hf(
         qwen3_moe.hf_config_from_model_config(cfg)), cfg)
     for scan_layers in (True, False):

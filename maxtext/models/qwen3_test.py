@@ -50,10 +50,10 @@ class Qwen3HuggingFaceTest(parameterized.TestCase):
 
   def test_config_mapping(self):
     cfg = self.cfg
-    self.assertTrue(cfg.qk_norm)
-    self.assertFalse(cfg.qkv_bias)
+    self.assertTrue(cfg.attention.qk_norm)
+    self.assertFalse(cfg.attention.qkv_bias)
     self.assertFalse(cfg.tie_embeddings)
-    self.assertEqual((cfg.head_dim, cfg.query_scale), (24, 24**-0.5))
+    self.assertEqual((cfg.attention.head_dim, cfg.query_scale), (24, 24**-0.5))
 
   @parameterized.product(scan_layers=(True, False),
                          attention_impl=("reference", "xla"))

@@ -21,12 +21,13 @@ class RegistryTest(parameterized.TestCase):
     for name in ("MODEL_CLASS", "model_config_from_hf", "HF_PARAMS",
                  "HF_BLOCK_PARAMS"):
       self.assertTrue(hasattr(module, name), msg=f"{family}.{name}")
-    model = registry.create_model(ModelConfig(family=family, **_SIZES),
+    model = registry.create_model(ModelConfig.from_dict(dict(family=family,
+                                                             **_SIZES)),
                                   rngs=nnx.Rngs(0))
     self.assertIsInstance(model, module.MODEL_CLASS)
 
   def test_unknown_family_lists_valid_ones(self):
-    cfg = ModelConfig(family="gpt9", **_SIZES)
+    cfg = ModelConfig.from_dict(dict(family="gpt9", **_SIZES))
     with self.assertRaisesRegex(
         ValueError, r"'gpt9'.*" + re.escape(str(sorted(registry.FAMILIES)))):
       registry.create_model(cfg, rngs=nnx.Rngs(0))

@@ -34,7 +34,7 @@ def _config(policy: str, scan_layers: bool, custom=(), **sizes
                 query_pre_attn_scalar=8.0, sliding_window=4,
                 global_layer_interval=2, scan_layers=scan_layers)
   values.update(sizes)
-  return ModelConfig(**values), remat.RematConfig(policy=policy,
+  return ModelConfig.from_dict(values), remat.RematConfig(policy=policy,
                                                   custom=dict(custom))
 
 

@@ -128,7 +128,7 @@ def load_model(path: str, *, lora: lora_lib.LoraConfig | None = None,
     params_checkpoint.ParamsCheckpointError: the checkpoint cannot be read.
   """
   checkpoint_cfg, params = params_checkpoint.load_params(path)
-  cfg = dataclasses.replace(checkpoint_cfg, scan_layers=False)
+  cfg = checkpoint_cfg.replace(scan_layers=False)
   if checkpoint_cfg.scan_layers:
     params = unstack_layers(params)
   params = _place(params, cfg, rules)

@@ -16,7 +16,6 @@ import qwix
 
 from maxtext.checkpoint import params_checkpoint
 from maxtext.data import pipeline
-from maxtext.layers import rope
 from maxtext.models import registry
 from maxtext.posttrain import adapter
 from maxtext.posttrain import base_model
@@ -101,8 +100,7 @@ class FeatureCaptureTest(absltest.TestCase):
     positions = jnp.broadcast_to(jnp.arange(8), tokens.shape)
     want_logits, _ = model(tokens, positions)
     decoder = model.model
-    rotary = rope.Rotary.at(positions, rope.global_inverse_frequencies(cfg),
-                            rope.global_attention_factor(cfg))
+    rotary = cfg.rope.global_rotary(positions, cfg.attention.head_dim)
     x = decoder.embedder(tokens)
     want = []
     for block in (*decoder.dense_blocks, *decoder.blocks):

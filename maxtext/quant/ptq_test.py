@@ -40,7 +40,7 @@ def _model(family: str, scan_layers: bool = False) -> nnx.Module:
   module, fields = _FAMILIES[family]
   values = module.get_config().model.to_dict()
   values.update(_SHAPES, scan_layers=scan_layers, **fields)
-  return registry.create_model(ModelConfig(**values), rngs=nnx.Rngs(0))
+  return registry.create_model(ModelConfig.from_dict(values), rngs=nnx.Rngs(0))
 
 
 def _kernels(model: nnx.Module) -> dict[str, object]:

@@ -29,7 +29,7 @@ def _model(scan_layers=True):
                 num_heads=4, num_kv_heads=2, head_dim=16,
                 query_pre_attn_scalar=16.0, sliding_window=4,
                 global_layer_interval=2, scan_layers=scan_layers)
-  return registry.create_model(ModelConfig(**values), rngs=nnx.Rngs(0))
+  return registry.create_model(ModelConfig.from_dict(values), rngs=nnx.Rngs(0))
 
 
 def _loss(model):

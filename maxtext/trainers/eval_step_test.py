@@ -22,7 +22,7 @@ def _state() -> train_state_lib.TrainState:
                 global_layer_interval=2)
   opt_config = optimizer.OptimizerConfig(**gemma3.get_config().optimizer)
   return train_state_lib.create_train_state(
-      ModelConfig(**values), seed=0,
+      ModelConfig.from_dict(values), seed=0,
       tx=optimizer.make_optimizer(opt_config, total_steps=10),
       schedule=optimizer.learning_rate_schedule(opt_config, total_steps=10),
       z_loss=0.0, mesh=mesh_lib.make_mesh(mesh_lib.MeshConfig(

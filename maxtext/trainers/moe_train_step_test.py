@@ -43,7 +43,6 @@ MoE layer with GPT-OSS's expert biases and fused gate_up, its 8 experts
 over expert=8, has the output and gradients of the unsharded layer.
 """
 
-import dataclasses
 import re
 import warnings
 
@@ -87,9 +86,9 @@ def _state(ici, devices, family="mixtral", microbatches=1,
       mesh_lib.MeshConfig(ici=mesh_lib.AxisSizes(**ici)), devices)
   rules = rules_lib.LogicalRules.from_config(
       mesh, rules_lib.ShardingConfig(**common.sharding_defaults()))
-  model_config = dataclasses.replace(
-      tiny_configs.tiny_model_config(family, window=4, num_layers=2),
-      **{"num_experts": 4, **model_changes})
+  model_config = tiny_configs.tiny_model_config(
+      family, window=4, num_layers=2).replace(
+          **{"num_experts": 4, **model_changes})
   return train_state_lib.create_train_state(
       model_config, seed=0, execution=execution.Execution(
           remat=remat.RematConfig(policy=remat_policy)),
@@ -196,8 +195,8 @@ class RouterBiasTest(absltest.TestCase):
 
 
   def test_unscanned_layers_move_in_layer_order(self):
-    cfg = dataclasses.replace(
-        tiny_configs.tiny_model_config("mixtral", window=4, num_layers=2),
+    cfg = tiny_configs.tiny_model_config(
+        "mixtral", window=4, num_layers=2).replace(
         num_experts=4, scan_layers=False, router_score="sigmoid",
         router_bias=True, router_bias_update_rate=0.01)
     model = decoder.Decoder(cfg, rngs=nnx.Rngs(0))
@@ -216,7 +215,7 @@ class DroppedTokenMetricsTest(absltest.TestCase):
     batch = _batch(state)
     model = state.model()
     # 64 tokens * 2 experts each over 4 experts: 16 slots per expert.
-    slots = moe_experts.capacity(64, model.cfg)
+    slots = model.cfg.moe.capacity(64)
     _, aux_losses, stats = nnx.capture(model, moe.AuxLoss,
                                        nnx.Intermediate)(batch["inputs"])
     aux_loss = float(sum(jax.tree.leaves(aux_losses)))
@@ -327,10 +326,11 @@ class ExpertParallelismTest(parameterized.TestCase):
   def test_token_exchange_with_expert_biases(self):
     # GPT-OSS's per-expert biases, fused gate_up, 8 experts over expert=8:
     # the layer's output and gradients equal those without expert parallel.
-    cfg = dataclasses.replace(
-        tiny_configs.tiny_model_config("mixtral", window=4), num_experts=8,
-        expert_bias=True, expert_gate_up_fused=True)
-    graphdef, params = nnx.split(moe.MoE(cfg, rngs=nnx.Rngs(0)))
+    cfg = tiny_configs.tiny_model_config("mixtral", window=4).replace(
+        num_experts=8, expert_bias=True, expert_gate_up_fused=True)
+    graphdef, params = nnx.split(moe.MoE(
+        cfg.moe, activation=cfg.mlp.activation, embed_dim=cfg.embed_dim,
+        dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=nnx.Rngs(0)))
     rng = np.random.default_rng(1)
     params = jax.tree.map(
         lambda p: p + 0.1 * rng.normal(size=p.shape).astype(p.dtype), params)

@@ -42,7 +42,7 @@ def _model_config(**overrides) -> ModelConfig:
                 query_pre_attn_scalar=8.0, sliding_window=4,
                 global_layer_interval=2)
   values.update(overrides)
-  return ModelConfig(**values)
+  return ModelConfig.from_dict(values)
 
 
 def _state(ici: dict[str, int], devices, microbatches: int = 1,

@@ -52,7 +52,7 @@ def _model_config(family: str, **overrides) -> ModelConfig:
     values.update(query_pre_attn_scalar=8.0, sliding_window=4,
                   global_layer_interval=3)
   values.update(overrides)
-  return ModelConfig(**values)
+  return ModelConfig.from_dict(values)
 
 
 def _state(model_config: ModelConfig, ici: dict[str, int], devices,

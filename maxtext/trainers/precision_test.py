@@ -32,7 +32,7 @@ def _state(param_dtype: str) -> train_state_lib.TrainState:
   opt_values.update(learning_rate=1e-2, warmup_steps=1)
   opt_config = optimizer.OptimizerConfig(**opt_values)
   return train_state_lib.create_train_state(
-      ModelConfig(**values), seed=0,
+      ModelConfig.from_dict(values), seed=0,
       tx=optimizer.make_optimizer(opt_config, total_steps=_STEPS),
       schedule=optimizer.learning_rate_schedule(opt_config, _STEPS),
       z_loss=0.0, mesh=mesh_lib.make_mesh(mesh_lib.MeshConfig(),

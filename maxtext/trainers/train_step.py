@@ -184,7 +184,7 @@ def loss_and_grads(state: TrainState, batch: dict[str, jax.Array]
     mtp_loss = _mtp_loss(mtp_logits, batch)
     if mtp_loss is not None:  # Multi-token prediction (DeepSeek-V3).
       stats["mtp_loss"] = mtp_loss
-      model_loss += model.cfg.mtp_loss_weight * mtp_loss
+      model_loss += model.cfg.mtp.loss_weight * mtp_loss
     return (loss + state.z_loss * z_term + model_loss,
             (loss, z_term, stats))
 

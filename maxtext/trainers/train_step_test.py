@@ -33,7 +33,7 @@ def _tiny_model_config() -> ModelConfig:
                 num_heads=2, num_kv_heads=1, head_dim=8,
                 query_pre_attn_scalar=8.0, sliding_window=4,
                 global_layer_interval=2)
-  return ModelConfig(**values)
+  return ModelConfig.from_dict(values)
 
 
 def _state(z_loss=0.0, **guard):

@@ -38,9 +38,10 @@ def _write_random_model(hf_dir: str) -> None:
 import json, numpy as np
 from maxtext.checkpoint import hf_convert, safetensors_io
 from maxtext.common.model_config import ModelConfig
-cfg = ModelConfig(family="llama3", vocab_size=32000, num_layers=8,
-                  embed_dim=1024, mlp_dim=2816, num_heads=8, num_kv_heads=8,
-                  head_dim=128, tie_embeddings=False)
+cfg = ModelConfig.from_dict(dict(family="llama3", vocab_size=32000,
+                                 num_layers=8, embed_dim=1024, mlp_dim=2816,
+                                 num_heads=8, num_kv_heads=8, head_dim=128,
+                                 tie_embeddings=False))
 hf = hf_convert.hf_config_dict(cfg)
 rng = np.random.default_rng(0)
 def tensors():

@@ -104,7 +104,8 @@ def main(argv):
   prompts = [" ".join(f"t{i}" for i in rng.integers(
       2, _VOCAB.value, _PROMPT_LENGTH.value)) for _ in range(_BATCH.value)]
   print(f"Model: llama3 {cfg.num_layers} layers, embed {cfg.embed_dim}, "
-        f"head_dim {cfg.head_dim}, vocab {cfg.vocab_size}, {cfg.dtype}.")
+        f"head_dim {cfg.attention.head_dim}, vocab {cfg.vocab_size},"
+        f" {cfg.dtype}.")
   engines = {"jax": jax_rollout.JaxRollout,
              "vllm": vllm_rollout.VllmRollout}
   for name, engine in engines.items():

@@ -1,7 +1,10 @@
-"""Every library module under maxtext/ stays at most 450 lines.
+"""Every library module under maxtext/ stays at most 450 lines, and no
+layer reads the whole model config.
 
 One concept per module: a module past the limit is split by concern (see
-`../shared/STYLE.md`), not allowed to grow. The modules are this test's
+`../shared/STYLE.md`), not allowed to grow. A layer receives its own part
+of the model config (`maxtext.common.model_config.PARTS`), so no module in
+`maxtext/layers/` imports `ModelConfig`. The modules are this test's
 data (each maxtext package's `py_srcs` filegroup, tests excluded), so the
 test reruns whenever one changes.
 """
@@ -39,6 +42,15 @@ class ModuleSizeTest(absltest.TestCase):
         too_long[name] = count
     self.assertEqual(too_long, {}, f"library modules over {MAX_LINES} lines"
                      " (split them by concern)")
+
+  def test_no_layer_imports_the_model_config(self):
+    importers = []
+    for name, path in sorted(_modules(_RUNFILES_ROOT).items()):
+      if name.startswith(os.path.join("maxtext", "layers") + os.sep):
+        with open(path, encoding="utf-8") as f:
+          if "maxtext.common.model_config" in f.read():
+            importers.append(name)
+    self.assertEqual(importers, [], "layers take their own config part")
 
   def test_every_package_is_in_the_data(self):
     # The source tree, where the runfiles link to: a package without a
