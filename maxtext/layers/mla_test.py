@@ -76,7 +76,7 @@ class MlaTest(parameterized.TestCase):
     split_cfg = dataclasses.replace(_CFG, rope_interleave=False)
     interleaved = _mla()
     split = _mla(split_cfg)
-    nope, rot = _CFG.mla.qk_nope_head_dim, _ATTENTION.head_dim
+    nope, rot = _CFG.qk_nope_head_dim, _ATTENTION.head_dim
     order = np.concatenate([np.arange(0, rot, 2), np.arange(1, rot, 2)])
     q = np.array(split.query_up.kernel[...])
     q[..., nope:] = q[..., nope:][..., order]

@@ -76,7 +76,7 @@ def _numpy_gpt_oss_moe(x, layer):
   gate_up_bias = np.asarray(layer.gate_up_bias[...])
   down, down_bias = (np.asarray(p[...]) for p in (layer.down,
                                                    layer.down_bias))
-  k = layer.cfg.moe.num_experts_per_token
+  k = layer.cfg.num_experts_per_token
   out = np.zeros_like(x, dtype=np.float64)
   for t, row in enumerate(logits.astype(np.float64)):
     chosen = np.argsort(-row, kind="stable")[:k]
