@@ -35,6 +35,7 @@ from absl import logging
 import numpy as np
 
 from maxtext.checkpoint import params_checkpoint
+from maxtext.common import cli
 from maxtext.data import assets
 from maxtext.data import tokenizer as tokenizer_lib
 from maxtext.inference import generate
@@ -99,21 +100,54 @@ def _model(cfg, params):
   return model
 
 
+def _prompt_ids(vocab_size: int) -> list[int]:
+  """--prompt_ids as token ids of a model with `vocab_size` ids.
+
+  Raises:
+    ValueError: an entry is not an integer or not in [0, vocab_size).
+  """
+  ids = []
+  for text in _PROMPT_IDS.value:
+    try:
+      token = int(text)
+    except ValueError:
+      raise ValueError(f"--prompt_ids entry {text!r} is not a token id; give"
+                       " comma-separated integers.") from None
+    if not 0 <= token < vocab_size:
+      raise ValueError(f"--prompt_ids entry {token} is outside the model's"
+                       f" vocabulary; valid ids: 0 to {vocab_size - 1}.")
+    ids.append(token)
+  return ids
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if bool(_PROMPT.value) == bool(_PROMPT_IDS.value):
     raise app.UsageError("Give --prompt (repeatable) or --prompt_ids.")
+  with cli.errors_in_one_line("decode"):
+    _decode()
+
+
+def _decode() -> None:
   checkpoint = paths.user_path(_CHECKPOINT.value)
   cfg, params = params_checkpoint.load_params(checkpoint)
-  model = _model(cfg, params)
-  logging.info("Loaded a %s model from %s.", cfg.family, checkpoint)
   tokenizer = None
   if _PROMPT.value:
-    tokenizer = tokenizer_lib.load_tokenizer(_tokenizer_path(checkpoint))
+    tokenizer_path = _tokenizer_path(checkpoint)
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
     prompts = [tokenizer.encode(text) for text in _PROMPT.value]
+    largest = max(max(prompt, default=0) for prompt in prompts)
+    if largest >= cfg.vocab_size:
+      raise ValueError(
+          f"Tokenizer {tokenizer_path} gives id {largest}, outside the"
+          f" model's vocabulary (ids 0 to {cfg.vocab_size - 1}); pass the"
+          " model's own with --tokenizer.")
   else:
-    prompts = [[int(i) for i in _PROMPT_IDS.value]]
+    prompts = [_prompt_ids(cfg.vocab_size)]
+  model = _model(cfg, params)
+  logging.info("Loaded a %s model from %s.", cfg.family, checkpoint)
+  if not _PROMPT.value:
     if _DUMP_LOGITS.value:
       path = paths.user_path(_DUMP_LOGITS.value)
       np.save(path, generate.prefill_logits(model, prompts[0]))

@@ -45,8 +45,8 @@ class DecodeBinaryTest(absltest.TestCase):
 
   def _run(self, **flag_values) -> str:
     stdout = io.StringIO()
-    with flagsaver.flagsaver(checkpoint="ours", max_new_tokens=8,
-                             **flag_values):
+    with flagsaver.flagsaver(**{"checkpoint": "ours", "max_new_tokens": 8,
+                                **flag_values}):
       with contextlib.redirect_stdout(stdout):
         decode.main(["decode"])
     return stdout.getvalue()
@@ -102,9 +102,26 @@ class DecodeBinaryTest(absltest.TestCase):
     self.assertEqual(generated[0], int(got[-1].argmax()))
 
   def test_bad_quantize_is_named(self):
-    with self.assertRaisesRegex(ValueError, r"quantize='int4' is invalid;"
-                                r" valid: \['int8'\]"):
+    with self.assertRaisesRegex(SystemExit, r"^decode: error: ValueError: .*"
+                                r"quantize='int4' is invalid; valid:"
+                                r" \['int8'\]"):
       self._run(prompt_ids=["1"], quantize="int4")
+
+  def test_user_mistakes_are_one_line(self):
+    for flag_values, message in (
+        (dict(prompt_ids=["1", "128"]),
+         r"--prompt_ids entry 128 is outside the model's vocabulary; valid"
+         r" ids: 0 to 127\.$"),
+        (dict(prompt_ids=["1", "x"]),
+         r"--prompt_ids entry 'x' is not a token id"),
+        (dict(prompt_ids=["1"], checkpoint="missing"),
+         r"missing"),
+        (dict(prompt=["w1 w2"], tokenizer="missing.json"),
+         r"missing\.json"),
+    ):
+      with self.subTest(flag_values), self.assertRaisesRegex(
+          SystemExit, r"^decode: error: \w+: [^\n]*" + message):
+        self._run(**flag_values)
 
   def test_needs_exactly_one_kind_of_prompt(self):
     with self.assertRaisesRegex(Exception, "--prompt"):

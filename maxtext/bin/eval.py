@@ -33,6 +33,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from maxtext.common import cli
 from maxtext.eval import harness
 from maxtext.eval import lm_eval_adapter
 from maxtext.eval import perplexity
@@ -79,6 +80,11 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not _TASKS.value and not _PERPLEXITY_DATA.value:
     raise app.UsageError("Give --tasks, --perplexity_data or both.")
+  with cli.errors_in_one_line("eval"):
+    _evaluate()
+
+
+def _evaluate() -> None:
   checkpoint = paths.user_path(_CHECKPOINT.value)
   lm = lm_eval_adapter.MaxTextLM.from_checkpoint(
       checkpoint,

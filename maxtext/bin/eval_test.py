@@ -49,8 +49,8 @@ class EvalBinaryTest(absltest.TestCase):
 
   def _run(self, **flag_values) -> str:
     stdout = io.StringIO()
-    with flagsaver.flagsaver(checkpoint="converted", max_length=_MAX_LENGTH,
-                             **flag_values):
+    with flagsaver.flagsaver(**{"checkpoint": "converted",
+                                "max_length": _MAX_LENGTH, **flag_values}):
       with contextlib.redirect_stdout(stdout):
         eval_bin.main(["eval"])
     return stdout.getvalue()
@@ -110,6 +110,16 @@ class EvalBinaryTest(absltest.TestCase):
   def test_needs_tasks_or_perplexity_data(self):
     with self.assertRaisesRegex(Exception, "--tasks, --perplexity_data"):
       self._run(tasks=[])
+
+  def test_user_mistakes_are_one_line(self):
+    for flag_values, message in (
+        (dict(checkpoint="missing"), r"missing"),
+        (dict(tasks=[], perplexity_data=["nothing*.jsonl"]),
+         r"nothing\*\.jsonl"),
+    ):
+      with self.subTest(flag_values), self.assertRaisesRegex(
+          SystemExit, r"^eval: error: \w+: [^\n]*" + message):
+        self._run(**flag_values)
 
 
 if __name__ == "__main__":
