@@ -73,17 +73,17 @@ def _algo_config(config: RlRunConfig) -> grpo_learner.GRPOConfig:
 def _train_example(config: RlRunConfig) -> grpo_learner.TrainExample:
   """One policy update's abstract batch (see the module docstring)."""
   completions = config.train.rows * config.rl.num_generations
-  prompt_NP = (completions, config.rollout.max_prompt_length)
-  completion_NT = (completions, config.rollout.max_new_tokens)
-  logps_NT = jax.ShapeDtypeStruct(completion_NT, jnp.float32)
+  prompt_BL = (completions, config.rollout.max_prompt_length)
+  completion_BI = (completions, config.rollout.max_new_tokens)
+  logps_BI = jax.ShapeDtypeStruct(completion_BI, jnp.float32)
   return grpo_learner.TrainExample(
-      prompt_ids=jax.ShapeDtypeStruct(prompt_NP, jnp.int32),
-      prompt_mask=jax.ShapeDtypeStruct(prompt_NP, jnp.bool_),
-      completion_ids=jax.ShapeDtypeStruct(completion_NT, jnp.int32),
-      completion_mask=jax.ShapeDtypeStruct(completion_NT, jnp.bool_),
+      prompt_ids=jax.ShapeDtypeStruct(prompt_BL, jnp.int32),
+      prompt_mask=jax.ShapeDtypeStruct(prompt_BL, jnp.bool_),
+      completion_ids=jax.ShapeDtypeStruct(completion_BI, jnp.int32),
+      completion_mask=jax.ShapeDtypeStruct(completion_BI, jnp.bool_),
       advantages=jax.ShapeDtypeStruct((completions,), jnp.float32),
-      ref_per_token_logps=logps_NT if config.rl.beta else None,
-      old_per_token_logps=(logps_NT if config.rl.num_iterations > 1
+      ref_per_token_logps=logps_BI if config.rl.beta else None,
+      old_per_token_logps=(logps_BI if config.rl.num_iterations > 1
                            else None))
 
 

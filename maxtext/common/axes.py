@@ -1,4 +1,5 @@
-"""Logical axis names for parameters and activations, and annotated params.
+"""Logical axis names for parameters and activations, annotated params, and
+the shape key.
 
 Parameters carry these names where they are created (flax NNX `out_sharding`
 metadata, see `param`); a sharding rule table (config data,
@@ -6,6 +7,12 @@ metadata, see `param`); a sharding rule table (config data,
 use the same names in sharding constraints (`constrain`), which take effect
 only inside `activation_sharding(...)`; outside it they do nothing, so layers
 run unchanged on one device.
+
+Hot code names a tensor with a shape suffix, one letter per dimension
+(`q_BLHK`: batch, length, query heads, head dim; `../shared/STYLE.md`).
+`SHAPE_KEY` is the one table of those letters: a letter means the same in
+every module (`//tools/lint:module_size_test` checks the suffixes), and a
+module's docstring names only the letters it uses that need its context.
 """
 
 from collections.abc import Iterator, Sequence
@@ -25,6 +32,55 @@ KV_HEADS = "kv_heads"
 HEAD_DIM = "head_dim"
 # Leading axis of parameters stacked over layers (scanned layout).
 LAYERS = "layers"
+
+# Shape suffix letter -> the dimension it names, in every module.
+SHAPE_KEY = {
+    # Sequences and the residual stream.
+    "B": "batch rows (sequences)",
+    "L": "length: the positions a call computes (queries; a prompt)",
+    "S": "key/value positions: the keys attended to, the cache length",
+    "T": "tokens: batch and length flattened (B * L)",
+    "I": "tokens a decode loop generates",
+    "D": "embed dim: the residual stream",
+    "V": "vocabulary",
+    # Attention.
+    "H": "query heads",
+    "G": "key/value heads",
+    "R": "query heads per key/value head (H // G)",
+    "K": "query/key head dim (MLA: the rotary part)",
+    "k": "half the head dim: rotary pairs",
+    "U": "value head dim, where it differs from K (MLA)",
+    "O": "MLA: the non-rotary part of a query/key head",
+    "Q": "MLA: rank of the low-rank query projection",
+    "Z": "MLA: width of the compressed key/value latent",
+    "x": "two widths above concatenated (MLA: O + K, O + U, Z + K)",
+    "1": "a dimension of size one",
+    # MLP and experts.
+    "F": "MLP hidden dim (dense, or one expert's)",
+    "E": "experts",
+    "A": "experts a token is routed to (top-k)",
+    "Y": "token-expert assignments (T * A)",
+    "C": "slots of one expert (capacity)",
+    "W": "expert-parallel shards",
+    "X": "experts on one shard (E // W)",
+    "J": "rows one shard receives in the token exchange (W * Y)",
+    "l": "layers: of a stack, or the expert layers",
+    # Paged KV cache.
+    "P": "pages in the pool",
+    "N": "pages of one row: the page table's width",
+    "p": "tokens per page",
+    # Microbatches and pipeline.
+    "M": "microbatches",
+    "b": "rows of one microbatch",
+    "g": "pipeline stages",
+    "r": "pipeline repeats (passes through the stages)",
+    # Attention kernels' tiles.
+    "c": "ring attention: one device's chunk of the length",
+    "m": "query blocks (tiles) of a kernel",
+    "n": "key blocks (tiles) of a kernel",
+    "q": "queries per block",
+    "s": "keys per block",
+}
 
 # Activation axes.
 BATCH = "batch"

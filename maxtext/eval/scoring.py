@@ -15,7 +15,7 @@ per length bucket. A request longer than `max_length` keeps its last
 windows of at most `max_length` tokens, so every token is predicted exactly
 once, the first conditioned on a prefix token (BOS or EOS).
 
-Shape key: B batch, L length, V vocab.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 from collections.abc import Sequence

@@ -39,8 +39,7 @@ pages through it, so no layer's cache carries a copy. Decode steps read the
 pages with `maxtext.kernels.paged_attention` (`paged_attention_impl`). Both
 caches generate the same tokens (log-probs within float rounding).
 
-Shape key: B batch, P longest prompt, T max new tokens, S = P + T cache
-length, V vocab, N pages per row.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import dataclasses
@@ -71,16 +70,16 @@ class _Paging:
 
 def _pad(prompts: list[list[int]],
          pad_to: int = 1) -> tuple[np.ndarray, np.ndarray]:
-  """Right-padded tokens [B, P] (int32, padded with 0; P the longest prompt
+  """Right-padded tokens [B, L] (int32, padded with 0; L the longest prompt
   rounded up to a multiple of `pad_to`) and lengths [B]."""
   if not prompts or any(len(p) == 0 for p in prompts):
     raise ValueError("Every prompt needs at least one token.")
   lengths_B = np.array([len(p) for p in prompts], np.int32)
   padded = -(-int(lengths_B.max()) // pad_to) * pad_to
-  tokens_BP = np.zeros((len(prompts), padded), np.int32)
+  tokens_BL = np.zeros((len(prompts), padded), np.int32)
   for row, prompt in enumerate(prompts):
-    tokens_BP[row, :len(prompt)] = prompt
-  return tokens_BP, lengths_B
+    tokens_BL[row, :len(prompt)] = prompt
+  return tokens_BL, lengths_B
 
 
 def _unscanned(model):
@@ -121,16 +120,16 @@ def _page_table(pool):
   return None if pool is None else pool.page_table_BN
 
 
-def _prefill(model, tokens_BP, lengths_B, cache, page_table_BN=None):
-  """(logits [B, P, V], logits [B, V] at each row's last prompt token,
+def _prefill(model, tokens_BL, lengths_B, cache, page_table_BN=None):
+  """(logits [B, L, V], logits [B, V] at each row's last prompt token,
   cache); `page_table_BN` with a paged cache."""
-  positions_BP = jnp.broadcast_to(jnp.arange(tokens_BP.shape[1]),
-                                  tokens_BP.shape)
-  logits_BPV, cache = model(tokens_BP, positions_BP, cache=cache,
+  positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]),
+                                  tokens_BL.shape)
+  logits_BLV, cache = model(tokens_BL, positions_BL, cache=cache,
                             page_table_BN=page_table_BN)
-  last_BV = jnp.take_along_axis(logits_BPV, (lengths_B - 1)[:, None, None],
+  last_BV = jnp.take_along_axis(logits_BLV, (lengths_B - 1)[:, None, None],
                                 axis=1)[:, 0]
-  return logits_BPV, last_BV, cache
+  return logits_BLV, last_BV, cache
 
 
 def _token_logprobs(logits_BV, token_B, params):
@@ -144,19 +143,19 @@ def _token_logprobs(logits_BV, token_B, params):
 
 @functools.partial(jax.jit,
                    static_argnames=("graphdef", "max_new_tokens", "paging"))
-def _generate(graphdef, state, tokens_BP, lengths_B, key, params, stop_ids,
+def _generate(graphdef, state, tokens_BL, lengths_B, key, params, stop_ids,
               suppress_ids, *, max_new_tokens, paging):
-  """Generated tokens [B, T] (0 after a row stopped), their log-probs
-  [B, T] (0 after a row stopped), their counts [B] and whether the page
+  """Generated tokens [B, I] (0 after a row stopped), their log-probs
+  [B, I] (0 after a row stopped), their counts [B] and whether the page
   pool ran out (False with a dense cache, `paging` None)."""
   model = _unscanned(nnx.merge(graphdef, state))
-  batch = tokens_BP.shape[0]
-  cache_length = tokens_BP.shape[1] + max_new_tokens
+  batch = tokens_BL.shape[0]
+  cache_length = tokens_BL.shape[1] + max_new_tokens
   if paging is None:
     cache, pool = model.init_cache(batch, cache_length), None
   else:
     cache, pool = _paged_cache(model, lengths_B, cache_length, paging)
-  _, logits_BV, cache = _prefill(model, tokens_BP, lengths_B, cache,
+  _, logits_BV, cache = _prefill(model, tokens_BL, lengths_B, cache,
                                  _page_table(pool))
 
   def next_token(logits_BV, step):
@@ -166,8 +165,8 @@ def _generate(graphdef, state, tokens_BP, lengths_B, key, params, stop_ids,
     return token_B, _token_logprobs(logits_BV, token_B, params)
 
   token_B, logprob_B = next_token(logits_BV, 0)
-  out_BT = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, 0].set(token_B)
-  logprobs_BT = jnp.zeros((batch, max_new_tokens), jnp.float32).at[:, 0].set(
+  out_BI = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, 0].set(token_B)
+  logprobs_BI = jnp.zeros((batch, max_new_tokens), jnp.float32).at[:, 0].set(
       logprob_B)
   done_B = jnp.isin(token_B, stop_ids)
   count_B = jnp.ones((batch,), jnp.int32)
@@ -179,7 +178,7 @@ def _generate(graphdef, state, tokens_BP, lengths_B, key, params, stop_ids,
     return (step < max_new_tokens) & ~jnp.all(done_B)
 
   def body(carry):
-    (step, cache, pool, token_B, position_B, done_B, out_BT, logprobs_BT,
+    (step, cache, pool, token_B, position_B, done_B, out_BI, logprobs_BI,
      count_B) = carry
     if pool is not None:
       pool = pool.allocate_positions(position_B, paging.page_size, ~done_B)
@@ -189,20 +188,20 @@ def _generate(graphdef, state, tokens_BP, lengths_B, key, params, stop_ids,
     token_B, logprob_B = next_token(logits_BV, step)
     token_B = jnp.where(done_B, 0, token_B)
     logprob_B = jnp.where(done_B, 0.0, logprob_B)
-    out_BT = out_BT.at[:, step].set(token_B)
-    logprobs_BT = logprobs_BT.at[:, step].set(logprob_B)
+    out_BI = out_BI.at[:, step].set(token_B)
+    logprobs_BI = logprobs_BI.at[:, step].set(logprob_B)
     count_B = count_B + (~done_B).astype(jnp.int32)
     stopped_B = ~done_B & jnp.isin(token_B, stop_ids)
     if pool is not None:
       pool = pool.release(stopped_B)
     return (step + 1, cache, pool, token_B, position_B + 1,
-            done_B | stopped_B, out_BT, logprobs_BT, count_B)
+            done_B | stopped_B, out_BI, logprobs_BI, count_B)
 
-  carry = (jnp.int32(1), cache, pool, token_B, lengths_B, done_B, out_BT,
-           logprobs_BT, count_B)
-  _, _, pool, *_, out_BT, logprobs_BT, count_B = jax.lax.while_loop(
+  carry = (jnp.int32(1), cache, pool, token_B, lengths_B, done_B, out_BI,
+           logprobs_BI, count_B)
+  _, _, pool, *_, out_BI, logprobs_BI, count_B = jax.lax.while_loop(
       cond, body, carry)
-  return (out_BT, logprobs_BT, count_B,
+  return (out_BI, logprobs_BI, count_B,
           jnp.bool_(False) if pool is None else pool.overflow)
 
 
@@ -276,13 +275,13 @@ def generate_with_logprobs(
   paging = _paging(model, kv_cache, page_size, num_pages,
                    paged_attention_impl)
   params = params.validate()
-  tokens_BP, lengths_B = _pad(prompts, pad_to)
+  tokens_BL, lengths_B = _pad(prompts, pad_to)
   graphdef, state = nnx.split(model)
   traced = sampler.SamplingParams(
       jnp.float32(params.temperature), jnp.int32(params.top_k),
       jnp.float32(params.top_p))
-  out_BT, logprobs_BT, count_B, overflow = _generate(
-      graphdef, state, jnp.asarray(tokens_BP), jnp.asarray(lengths_B),
+  out_BI, logprobs_BI, count_B, overflow = _generate(
+      graphdef, state, jnp.asarray(tokens_BL), jnp.asarray(lengths_B),
       jax.random.key(seed), traced,
       jnp.asarray(list(stop_ids) or [-1], jnp.int32),
       jnp.asarray(list(suppress_ids), jnp.int32),
@@ -292,11 +291,11 @@ def generate_with_logprobs(
         f"The paged KV cache ran out of pages (num_pages={num_pages}, "
         f"page_size={page_size}): give more pages, or num_pages=None for "
         "enough for every row.")
-  out_BT, logprobs_BT, count_B = (np.asarray(out_BT), np.asarray(logprobs_BT),
+  out_BI, logprobs_BI, count_B = (np.asarray(out_BI), np.asarray(logprobs_BI),
                                   np.asarray(count_B))
   rows = range(len(prompts))
-  return ([out_BT[row, :count_B[row]].tolist() for row in rows],
-          [logprobs_BT[row, :count_B[row]] for row in rows])
+  return ([out_BI[row, :count_B[row]].tolist() for row in rows],
+          [logprobs_BI[row, :count_B[row]] for row in rows])
 
 
 def generate(

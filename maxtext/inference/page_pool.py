@@ -13,7 +13,7 @@ room for the others. Free pages are a stack; everything is traced (jit and
 `lax.while_loop` friendly). Asking for more pages than are free sets
 `overflow` (the entries that missed stay 0), which the caller reports.
 
-Shape key: B batch, N pages per row, P pool pages.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import dataclasses

@@ -4,7 +4,7 @@ All settings are traced values (`SamplingParams`), so one compiled
 generation loop serves every setting. The filters follow Hugging Face's
 order: logits / temperature, then top-k, then top-p over what top-k kept.
 
-Shape key: B batch, V vocab.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import dataclasses

@@ -14,10 +14,7 @@ Decoding with a KV cache passes an
 explicit `mask_BLS` instead (see `positions_mask`): queries then see cached
 keys by position, and S may differ from L.
 
-Shape key: B batch, L query length, S key length (== L without a mask),
-H query heads, G key/value heads, R = H // G, K head dim (the values' head
-dim may differ from the queries' and keys', as in DeepSeek's MLA; the output
-has the values').
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 from collections.abc import Callable

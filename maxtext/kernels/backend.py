@@ -1,8 +1,7 @@
 """The platform a computation is built for, whether cuDNN is there, and
 running Pallas kernels per shard of the activation sharding's mesh.
 
-Shape key: B batch, L query length, S key length, H query heads, G key/value
-heads, K head dim.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 from collections.abc import Callable

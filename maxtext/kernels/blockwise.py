@@ -10,8 +10,7 @@ backward pass recomputes each tile's probabilities, so neither pass holds an
 L x S matrix: memory is O(L) plus one tile. GQA is computed by grouping the
 R = H // G query heads of each key/value head, never repeating K/V.
 
-Shape key: B batch, L query length, S key length, H query heads, G key/value
-heads, R = H // G, K head dim; N number of blocks, Q query block, T key block.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import functools
@@ -53,28 +52,28 @@ def split_blocks(x, axis, block):
   return jnp.moveaxis(x.reshape(shape), axis, 0)
 
 
-def tile_mask(st, q_first, k_first, keys_left, seg_q_BQ, seg_k_BT,
-              mask_BQT=None):
+def tile_mask(st, q_first, k_first, keys_left, seg_q_Bq, seg_k_Bs,
+              mask_Bqs=None):
   """Boolean [B or 1, Q, T]: which (query, key) pairs of a tile attend.
 
   The tile's first query and first key sit at positions `q_first` and
   `k_first`; keys past its first `keys_left` are padding. `st` has the
-  fields window, block_q and block_kv. An explicit `mask_BQT`
+  fields window, block_q and block_kv. An explicit `mask_Bqs`
   replaces the causal, window and segment masks.
   """
-  q_Q1 = q_first + jnp.arange(st.block_q)[:, None]
-  t_1T = jnp.arange(st.block_kv)[None, :]
-  k_1T = k_first + t_1T
-  valid_QT = t_1T < keys_left
-  if mask_BQT is not None:
-    return mask_BQT & valid_QT[None]
-  valid_QT &= k_1T <= q_Q1
+  q_q1 = q_first + jnp.arange(st.block_q)[:, None]
+  t_1s = jnp.arange(st.block_kv)[None, :]
+  k_1s = k_first + t_1s
+  valid_qs = t_1s < keys_left
+  if mask_Bqs is not None:
+    return mask_Bqs & valid_qs[None]
+  valid_qs &= k_1s <= q_q1
   if st.window is not None:
-    valid_QT &= q_Q1 - k_1T < st.window
-  mask_BQT = valid_QT[None]
-  if seg_q_BQ is not None:
-    mask_BQT &= seg_q_BQ[:, :, None] == seg_k_BT[:, None, :]
-  return mask_BQT
+    valid_qs &= q_q1 - k_1s < st.window
+  mask_Bqs = valid_qs[None]
+  if seg_q_Bq is not None:
+    mask_Bqs &= seg_q_Bq[:, :, None] == seg_k_Bs[:, None, :]
+  return mask_Bqs
 
 
 def tile_needed(st, q_first, k_first):
@@ -87,19 +86,19 @@ def tile_needed(st, q_first, k_first):
   return needed
 
 
-def _tile(st, qi, kj, seg_q_BQ, seg_k_BT, mask_BQT):
-  """Tile (qi, kj)'s mask [B, 1, 1, Q, T] and whether it needs computing."""
+def _tile(st, qi, kj, seg_q_Bq, seg_k_Bs, mask_Bqs):
+  """Tile (qi, kj)'s mask [B, 1, 1, q, s] and whether it needs computing."""
   q_first, k_first = qi * st.block_q, kj * st.block_kv
-  mask_B11QT = tile_mask(st, q_first, k_first, st.kv_length - k_first,
-                         seg_q_BQ, seg_k_BT, mask_BQT)[:, None, None]
-  if mask_BQT is not None:
-    return mask_B11QT, jnp.bool_(True)
-  return mask_B11QT, tile_needed(st, q_first, k_first)
+  mask_B11qs = tile_mask(st, q_first, k_first, st.kv_length - k_first,
+                         seg_q_Bq, seg_k_Bs, mask_Bqs)[:, None, None]
+  if mask_Bqs is not None:
+    return mask_B11qs, jnp.bool_(True)
+  return mask_B11qs, tile_needed(st, q_first, k_first)
 
 
-def tile_logits(st, q_BQGRK, k_BTGK):
-  """Scaled (and soft-capped) float32 logits [B, G, R, Q, T], and tanh."""
-  raw = jnp.einsum("bqgrk,btgk->bgrqt", q_BQGRK, k_BTGK,
+def tile_logits(st, q_BqGRK, k_BsGK):
+  """Scaled (and soft-capped) float32 logits [B, G, R, q, s], and tanh."""
+  raw = jnp.einsum("bqgrk,btgk->bgrqt", q_BqGRK, k_BsGK,
                    preferred_element_type=jnp.float32) * st.scale
   if not st.logit_softcap:
     return raw, None
@@ -107,30 +106,30 @@ def tile_logits(st, q_BQGRK, k_BTGK):
   return st.logit_softcap * tanh, tanh
 
 
-def tile_backward(st, q_BQGRK, k_BTGK, v_BTGK, do_BQGRK, lse_BGRQ,
-                  delta_BGRQ, mask_B11QT, dk_BTGK, dv_BTGK):
-  """One tile's gradients: (dq [B, Q, G, R, K], dk_BTGK + the tile's dk,
-  dv_BTGK + the tile's dv), all float32.
+def tile_backward(st, q_BqGRK, k_BsGK, v_BsGK, do_BqGRK, lse_BGRq,
+                  delta_BGRq, mask_B11qs, dk_BsGK, dv_BsGK):
+  """One tile's gradients: (dq [B, q, G, R, K], dk_BsGK + the tile's dk,
+  dv_BsGK + the tile's dv), all float32.
 
-  Recomputes the tile's probabilities from the log-sum-exp `lse_BGRQ`;
-  `delta_BGRQ` is rowsum(dO * O).
+  Recomputes the tile's probabilities from the log-sum-exp `lse_BGRq`;
+  `delta_BGRq` is rowsum(dO * O).
   """
-  s_BGRQT, tanh_BGRQT = tile_logits(st, q_BQGRK, k_BTGK)
-  p_BGRQT = jnp.where(mask_B11QT, jnp.exp(s_BGRQT - lse_BGRQ[..., None]),
+  s_BGRqs, tanh_BGRqs = tile_logits(st, q_BqGRK, k_BsGK)
+  p_BGRqs = jnp.where(mask_B11qs, jnp.exp(s_BGRqs - lse_BGRq[..., None]),
                       0.0)
-  dv_BTGK += jnp.einsum("bgrqt,bqgrk->btgk", p_BGRQT.astype(do_BQGRK.dtype),
-                        do_BQGRK, preferred_element_type=jnp.float32)
-  dp_BGRQT = jnp.einsum("bqgrk,btgk->bgrqt", do_BQGRK, v_BTGK,
+  dv_BsGK += jnp.einsum("bgrqt,bqgrk->btgk", p_BGRqs.astype(do_BqGRK.dtype),
+                        do_BqGRK, preferred_element_type=jnp.float32)
+  dp_BGRqs = jnp.einsum("bqgrk,btgk->bgrqt", do_BqGRK, v_BsGK,
                         preferred_element_type=jnp.float32)
-  ds_BGRQT = p_BGRQT * (dp_BGRQT - delta_BGRQ[..., None])
-  if tanh_BGRQT is not None:
-    ds_BGRQT *= 1.0 - tanh_BGRQT ** 2
-  ds_BGRQT *= st.scale
-  dq_BQGRK = jnp.einsum("bgrqt,btgk->bqgrk", ds_BGRQT,
-                        k_BTGK.astype(jnp.float32))
-  dk_BTGK += jnp.einsum("bgrqt,bqgrk->btgk", ds_BGRQT,
-                        q_BQGRK.astype(jnp.float32))
-  return dq_BQGRK, dk_BTGK, dv_BTGK
+  ds_BGRqs = p_BGRqs * (dp_BGRqs - delta_BGRq[..., None])
+  if tanh_BGRqs is not None:
+    ds_BGRqs *= 1.0 - tanh_BGRqs ** 2
+  ds_BGRqs *= st.scale
+  dq_BqGRK = jnp.einsum("bgrqt,btgk->bqgrk", ds_BGRqs,
+                        k_BsGK.astype(jnp.float32))
+  dk_BsGK += jnp.einsum("bgrqt,bqgrk->btgk", ds_BGRqs,
+                        q_BqGRK.astype(jnp.float32))
+  return dq_BqGRK, dk_BsGK, dv_BsGK
 
 
 def _split(st, q_BLHK, k_BSGK, v_BSGK, segment_ids_BL, mask_BLS):
@@ -139,97 +138,97 @@ def _split(st, q_BLHK, k_BSGK, v_BSGK, segment_ids_BL, mask_BLS):
   num_kv_heads = k_BSGK.shape[2]
   q_BLGRK = pad_to(q_BLHK, 1, st.block_q).reshape(
       batch, -1, num_kv_heads, num_heads // num_kv_heads, head_dim)
-  q_NBQGRK = split_blocks(q_BLGRK, 1, st.block_q)
-  k_NBTGK = split_blocks(pad_to(k_BSGK, 1, st.block_kv), 1, st.block_kv)
-  v_NBTGK = split_blocks(pad_to(v_BSGK, 1, st.block_kv), 1, st.block_kv)
-  seg_q_NBQ = seg_k_NBT = mask_NNBQT = None
+  q_mBqGRK = split_blocks(q_BLGRK, 1, st.block_q)
+  k_nBsGK = split_blocks(pad_to(k_BSGK, 1, st.block_kv), 1, st.block_kv)
+  v_nBsGK = split_blocks(pad_to(v_BSGK, 1, st.block_kv), 1, st.block_kv)
+  seg_q_mBq = seg_k_nBs = mask_mnBqs = None
   if segment_ids_BL is not None:
-    seg_q_NBQ = split_blocks(pad_to(segment_ids_BL, 1, st.block_q), 1,
+    seg_q_mBq = split_blocks(pad_to(segment_ids_BL, 1, st.block_q), 1,
                              st.block_q)
-    seg_k_NBT = split_blocks(pad_to(segment_ids_BL, 1, st.block_kv), 1,
+    seg_k_nBs = split_blocks(pad_to(segment_ids_BL, 1, st.block_kv), 1,
                              st.block_kv)
   if mask_BLS is not None:
     mask_BLS = pad_to(pad_to(mask_BLS, 1, st.block_q, False), 2,
                        st.block_kv, False)
-    mask_NBQS = split_blocks(mask_BLS, 1, st.block_q)
-    mask_NNBQT = jnp.moveaxis(split_blocks(mask_NBQS, 3, st.block_kv), 0, 1)
-  return q_NBQGRK, k_NBTGK, v_NBTGK, seg_q_NBQ, seg_k_NBT, mask_NNBQT
+    mask_mBqS = split_blocks(mask_BLS, 1, st.block_q)
+    mask_mnBqs = jnp.moveaxis(split_blocks(mask_mBqS, 3, st.block_kv), 0, 1)
+  return q_mBqGRK, k_nBsGK, v_nBsGK, seg_q_mBq, seg_k_nBs, mask_mnBqs
 
 
 def online_softmax_init(stat_shape, value_dim, sinks_H=None):
   """Running max, denominator and float32 output of an online softmax over
-  rows `stat_shape` = [B, G, R, Q]; the sinks (H = G * R) start them."""
+  rows `stat_shape` = [B, G, R, q]; the sinks (H = G * R) start them."""
   if sinks_H is None:
-    m_BGRQ = jnp.full(stat_shape, _HIDDEN, jnp.float32)
-    l_BGRQ = jnp.zeros(stat_shape, jnp.float32)
+    m_BGRq = jnp.full(stat_shape, _HIDDEN, jnp.float32)
+    l_BGRq = jnp.zeros(stat_shape, jnp.float32)
   else:
     sinks_GR1 = sinks_H.astype(jnp.float32).reshape(*stat_shape[1:3], 1)
-    m_BGRQ = jnp.broadcast_to(sinks_GR1, stat_shape)
-    l_BGRQ = jnp.ones(stat_shape, jnp.float32)
-  return m_BGRQ, l_BGRQ, jnp.zeros((*stat_shape, value_dim), jnp.float32)
+    m_BGRq = jnp.broadcast_to(sinks_GR1, stat_shape)
+    l_BGRq = jnp.ones(stat_shape, jnp.float32)
+  return m_BGRq, l_BGRq, jnp.zeros((*stat_shape, value_dim), jnp.float32)
 
 
-def online_softmax_update(carry, s_BGRQT, mask_B11QT, v_BTGK):
-  """Folds one block of keys (logits `s_BGRQT`, visible where
-  `mask_B11QT`, values `v_BTGK`) into the running softmax `carry`."""
-  m_BGRQ, l_BGRQ, acc_BGRQK = carry
-  s_BGRQT = jnp.where(mask_B11QT, s_BGRQT, _HIDDEN)
-  m_new = jnp.maximum(m_BGRQ, s_BGRQT.max(-1))
-  p_BGRQT = jnp.where(mask_B11QT, jnp.exp(s_BGRQT - m_new[..., None]), 0.0)
-  alpha_BGRQ = jnp.exp(m_BGRQ - m_new)
-  pv_BGRQK = jnp.einsum("bgrqt,btgk->bgrqk", p_BGRQT.astype(v_BTGK.dtype),
-                        v_BTGK, preferred_element_type=jnp.float32)
-  return (m_new, l_BGRQ * alpha_BGRQ + p_BGRQT.sum(-1),
-          acc_BGRQK * alpha_BGRQ[..., None] + pv_BGRQK)
+def online_softmax_update(carry, s_BGRqs, mask_B11qs, v_BsGK):
+  """Folds one block of keys (logits `s_BGRqs`, visible where
+  `mask_B11qs`, values `v_BsGK`) into the running softmax `carry`."""
+  m_BGRq, l_BGRq, acc_BGRqK = carry
+  s_BGRqs = jnp.where(mask_B11qs, s_BGRqs, _HIDDEN)
+  m_new = jnp.maximum(m_BGRq, s_BGRqs.max(-1))
+  p_BGRqs = jnp.where(mask_B11qs, jnp.exp(s_BGRqs - m_new[..., None]), 0.0)
+  alpha_BGRq = jnp.exp(m_BGRq - m_new)
+  pv_BGRqK = jnp.einsum("bgrqt,btgk->bgrqk", p_BGRqs.astype(v_BsGK.dtype),
+                        v_BsGK, preferred_element_type=jnp.float32)
+  return (m_new, l_BGRq * alpha_BGRq + p_BGRqs.sum(-1),
+          acc_BGRqK * alpha_BGRq[..., None] + pv_BGRqK)
 
 
 def online_softmax_finish(carry):
-  """Output [B, G, R, Q, K] (float32) and log-sum-exp [B, G, R, Q]."""
-  m_BGRQ, l_BGRQ, acc_BGRQK = carry
-  nonempty = l_BGRQ > 0
-  o_BGRQK = acc_BGRQK / jnp.where(nonempty, l_BGRQ, 1.0)[..., None]
+  """Output [B, G, R, q, K] (float32) and log-sum-exp [B, G, R, q]."""
+  m_BGRq, l_BGRq, acc_BGRqK = carry
+  nonempty = l_BGRq > 0
+  o_BGRqK = acc_BGRqK / jnp.where(nonempty, l_BGRq, 1.0)[..., None]
   # Rows with no visible key (padding only) get +inf: probabilities 0.
-  lse_BGRQ = jnp.where(nonempty, m_BGRQ + jnp.log(l_BGRQ), jnp.inf)
-  return o_BGRQK, lse_BGRQ
+  lse_BGRq = jnp.where(nonempty, m_BGRq + jnp.log(l_BGRq), jnp.inf)
+  return o_BGRqK, lse_BGRq
 
 
 def _forward(st, q_BLHK, k_BSGK, v_BSGK, sinks_H, segment_ids_BL, mask_BLS):
-  """Output [B, L, H, K] and log-sum-exp [N, B, G, R, Q] (sinks included)."""
+  """Output [B, L, H, K] and log-sum-exp [m, B, G, R, q] (sinks included)."""
   batch, length, num_heads, _ = q_BLHK.shape
   value_dim = v_BSGK.shape[-1]
-  q_NBQGRK, k_NBTGK, v_NBTGK, seg_q_NBQ, seg_k_NBT, mask_NNBQT = _split(
+  q_mBqGRK, k_nBsGK, v_nBsGK, seg_q_mBq, seg_k_nBs, mask_mnBqs = _split(
       st, q_BLHK, k_BSGK, v_BSGK, segment_ids_BL, mask_BLS)
-  _, _, _, num_kv_heads, group, _ = q_NBQGRK.shape
+  _, _, _, num_kv_heads, group, _ = q_mBqGRK.shape
   init = online_softmax_init((batch, num_kv_heads, group, st.block_q),
                              value_dim, sinks_H)
 
   def query_block(_, xs):
-    qi, q_BQGRK, seg_q_BQ, mask_NBQT = xs
+    qi, q_BqGRK, seg_q_Bq, mask_nBqs = xs
 
     def key_block(carry, ys):
-      kj, k_BTGK, v_BTGK, seg_k_BT, mask_BQT = ys
+      kj, k_BsGK, v_BsGK, seg_k_Bs, mask_Bqs = ys
 
-      mask_B11QT, needed = _tile(st, qi, kj, seg_q_BQ, seg_k_BT, mask_BQT)
+      mask_B11qs, needed = _tile(st, qi, kj, seg_q_Bq, seg_k_Bs, mask_Bqs)
 
       def update(carry):
-        s_BGRQT, _ = tile_logits(st, q_BQGRK, k_BTGK)
-        return online_softmax_update(carry, s_BGRQT, mask_B11QT, v_BTGK)
+        s_BGRqs, _ = tile_logits(st, q_BqGRK, k_BsGK)
+        return online_softmax_update(carry, s_BGRqs, mask_B11qs, v_BsGK)
 
       return lax.cond(needed, update, lambda c: c, carry), None
 
     carry, _ = lax.scan(
         key_block, init,
-        (jnp.arange(k_NBTGK.shape[0]), k_NBTGK, v_NBTGK, seg_k_NBT,
-         mask_NBQT))
-    o_BGRQK, lse_BGRQ = online_softmax_finish(carry)
-    return None, (o_BGRQK.astype(v_BSGK.dtype), lse_BGRQ)
+        (jnp.arange(k_nBsGK.shape[0]), k_nBsGK, v_nBsGK, seg_k_nBs,
+         mask_nBqs))
+    o_BGRqK, lse_BGRq = online_softmax_finish(carry)
+    return None, (o_BGRqK.astype(v_BSGK.dtype), lse_BGRq)
 
-  _, (o_NBGRQK, lse_NBGRQ) = lax.scan(
+  _, (o_mBGRqK, lse_mBGRq) = lax.scan(
       query_block, None,
-      (jnp.arange(q_NBQGRK.shape[0]), q_NBQGRK, seg_q_NBQ, mask_NNBQT))
-  o_BLHK = o_NBGRQK.transpose(1, 0, 4, 2, 3, 5).reshape(
+      (jnp.arange(q_mBqGRK.shape[0]), q_mBqGRK, seg_q_mBq, mask_mnBqs))
+  o_BLHK = o_mBGRqK.transpose(1, 0, 4, 2, 3, 5).reshape(
       batch, -1, num_heads, value_dim)[:, :length]
-  return o_BLHK, lse_NBGRQ
+  return o_BLHK, lse_mBGRq
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -241,76 +240,76 @@ def _blockwise(st, q_BLHK, k_BSGK, v_BSGK, sinks_H, segment_ids_BL,
 
 def _blockwise_fwd(st, q_BLHK, k_BSGK, v_BSGK, sinks_H, segment_ids_BL,
                    mask_BLS):
-  o_BLHK, lse_NBGRQ = _forward(st, q_BLHK, k_BSGK, v_BSGK, sinks_H,
+  o_BLHK, lse_mBGRq = _forward(st, q_BLHK, k_BSGK, v_BSGK, sinks_H,
                                segment_ids_BL, mask_BLS)
   residuals = (q_BLHK, k_BSGK, v_BSGK, sinks_H, segment_ids_BL, mask_BLS,
-               o_BLHK, lse_NBGRQ)
+               o_BLHK, lse_mBGRq)
   return o_BLHK, residuals
 
 
 def _blockwise_bwd(st, residuals, do_BLHK):
   (q_BLHK, k_BSGK, v_BSGK, sinks_H, segment_ids_BL, mask_BLS, o_BLHK,
-   lse_NBGRQ) = residuals
+   lse_mBGRq) = residuals
   batch, length, num_heads, _ = q_BLHK.shape
   kv_length, num_kv_heads = k_BSGK.shape[1:3]
   group = num_heads // num_kv_heads
-  q_NBQGRK, k_NBTGK, v_NBTGK, seg_q_NBQ, seg_k_NBT, mask_NNBQT = _split(
+  q_mBqGRK, k_nBsGK, v_nBsGK, seg_q_mBq, seg_k_nBs, mask_mnBqs = _split(
       st, q_BLHK, k_BSGK, v_BSGK, segment_ids_BL, mask_BLS)
-  do_NBQGRK = split_blocks(
+  do_mBqGRK = split_blocks(
       pad_to(do_BLHK, 1, st.block_q).reshape(batch, -1, num_kv_heads, group,
                                               do_BLHK.shape[-1]), 1,
       st.block_q)
   # D = rowsum(dO * O): the softmax backward's per-row correction.
   delta_BLH = jnp.einsum("blhk,blhk->blh", do_BLHK.astype(jnp.float32),
                          o_BLHK.astype(jnp.float32))
-  delta_NBGRQ = jnp.moveaxis(
+  delta_mBGRq = jnp.moveaxis(
       split_blocks(pad_to(delta_BLH, 1, st.block_q), 1, st.block_q).reshape(
           -1, batch, st.block_q, num_kv_heads, group), 2, 4)
-  mask_NNBQT = None if mask_NNBQT is None else jnp.moveaxis(mask_NNBQT, 0, 1)
+  mask_mnBqs = None if mask_mnBqs is None else jnp.moveaxis(mask_mnBqs, 0, 1)
 
-  def key_block(dq_NBQGRK, xs):
-    kj, k_BTGK, v_BTGK, seg_k_BT, mask_NBQT = xs
+  def key_block(dq_mBqGRK, xs):
+    kj, k_BsGK, v_BsGK, seg_k_Bs, mask_nBqs = xs
 
     def query_block(carry, ys):
-      qi, q_BQGRK, do_BQGRK, lse_BGRQ, delta_BGRQ, seg_q_BQ, mask_BQT = ys
+      qi, q_BqGRK, do_BqGRK, lse_BGRq, delta_BGRq, seg_q_Bq, mask_Bqs = ys
 
-      mask_B11QT, needed = _tile(st, qi, kj, seg_q_BQ, seg_k_BT, mask_BQT)
+      mask_B11qs, needed = _tile(st, qi, kj, seg_q_Bq, seg_k_Bs, mask_Bqs)
 
       def update(carry):
-        dq_NBQGRK, dk_BTGK, dv_BTGK = carry
-        dq_BQGRK, dk_BTGK, dv_BTGK = tile_backward(
-            st, q_BQGRK, k_BTGK, v_BTGK, do_BQGRK, lse_BGRQ, delta_BGRQ,
-            mask_B11QT, dk_BTGK, dv_BTGK)
-        return dq_NBQGRK.at[qi].add(dq_BQGRK), dk_BTGK, dv_BTGK
+        dq_mBqGRK, dk_BsGK, dv_BsGK = carry
+        dq_BqGRK, dk_BsGK, dv_BsGK = tile_backward(
+            st, q_BqGRK, k_BsGK, v_BsGK, do_BqGRK, lse_BGRq, delta_BGRq,
+            mask_B11qs, dk_BsGK, dv_BsGK)
+        return dq_mBqGRK.at[qi].add(dq_BqGRK), dk_BsGK, dv_BsGK
 
       return lax.cond(needed, update, lambda c: c, carry), None
 
-    (dq_NBQGRK, dk_BTGK, dv_BTGK), _ = lax.scan(
-        query_block, (dq_NBQGRK, jnp.zeros(k_BTGK.shape, jnp.float32),
-                      jnp.zeros(v_BTGK.shape, jnp.float32)),
-        (jnp.arange(q_NBQGRK.shape[0]), q_NBQGRK, do_NBQGRK, lse_NBGRQ,
-         delta_NBGRQ, seg_q_NBQ, mask_NBQT))
-    return dq_NBQGRK, (dk_BTGK, dv_BTGK)
+    (dq_mBqGRK, dk_BsGK, dv_BsGK), _ = lax.scan(
+        query_block, (dq_mBqGRK, jnp.zeros(k_BsGK.shape, jnp.float32),
+                      jnp.zeros(v_BsGK.shape, jnp.float32)),
+        (jnp.arange(q_mBqGRK.shape[0]), q_mBqGRK, do_mBqGRK, lse_mBGRq,
+         delta_mBGRq, seg_q_mBq, mask_nBqs))
+    return dq_mBqGRK, (dk_BsGK, dv_BsGK)
 
-  dq_NBQGRK, (dk_NBTGK, dv_NBTGK) = lax.scan(
-      key_block, jnp.zeros(q_NBQGRK.shape, jnp.float32),
-      (jnp.arange(k_NBTGK.shape[0]), k_NBTGK, v_NBTGK, seg_k_NBT,
-       mask_NNBQT))
+  dq_mBqGRK, (dk_nBsGK, dv_nBsGK) = lax.scan(
+      key_block, jnp.zeros(q_mBqGRK.shape, jnp.float32),
+      (jnp.arange(k_nBsGK.shape[0]), k_nBsGK, v_nBsGK, seg_k_nBs,
+       mask_mnBqs))
 
   def unblock(x_NB_K, heads, size):
     return jnp.moveaxis(x_NB_K, 0, 1).reshape(batch, -1, heads,
                                               x_NB_K.shape[-1])[:, :size]
 
-  dq_BLHK = unblock(dq_NBQGRK, num_heads, length).astype(q_BLHK.dtype)
-  dk_BSGK = unblock(dk_NBTGK, num_kv_heads, kv_length).astype(k_BSGK.dtype)
-  dv_BSGK = unblock(dv_NBTGK, num_kv_heads, kv_length).astype(v_BSGK.dtype)
+  dq_BLHK = unblock(dq_mBqGRK, num_heads, length).astype(q_BLHK.dtype)
+  dk_BSGK = unblock(dk_nBsGK, num_kv_heads, kv_length).astype(k_BSGK.dtype)
+  dv_BSGK = unblock(dv_nBsGK, num_kv_heads, kv_length).astype(v_BSGK.dtype)
   dsinks_H = None
   if sinks_H is not None:
     # The sink is a key with value 0: d sink = -sum_rows p_sink * D.
     sinks_1GR1 = sinks_H.astype(jnp.float32).reshape(1, num_kv_heads, group,
                                                      1)
-    p_sink_NBGRQ = jnp.exp(sinks_1GR1 - lse_NBGRQ)
-    dsinks_H = -(p_sink_NBGRQ * delta_NBGRQ).sum((0, 1, 4)).reshape(
+    p_sink_mBGRq = jnp.exp(sinks_1GR1 - lse_mBGRq)
+    dsinks_H = -(p_sink_mBGRq * delta_mBGRq).sum((0, 1, 4)).reshape(
         num_heads).astype(sinks_H.dtype)
   return dq_BLHK, dk_BSGK, dv_BSGK, dsinks_H, None, None
 

@@ -30,8 +30,7 @@ values gathered whole (the rules keep `kv_length` unsplit); "ring" runs
 `ring.ring_attention` instead, which keeps them split and passes them round
 the devices. Calls with an explicit mask (decoding) always take `impl`.
 
-Shape key: B batch, L query length, S key length, H query heads, G key/value
-heads, K head dim.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 from collections.abc import Callable

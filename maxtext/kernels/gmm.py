@@ -1,7 +1,7 @@
 """Grouped matrix multiplication for mixture-of-experts layers.
 
-Rows of `lhs_MK` are sorted by group (expert): the first `group_sizes_E[0]`
-rows multiply `rhs_EKN[0]`, the next `group_sizes_E[1]` rows `rhs_EKN[1]`,
+Rows of `lhs_TD` are sorted by group (expert): the first `group_sizes_E[0]`
+rows multiply `rhs_EDF[0]`, the next `group_sizes_E[1]` rows `rhs_EDF[1]`,
 and so on; rows past the sum of the sizes give zeros. Two implementations,
 one signature:
 
@@ -16,7 +16,7 @@ one signature:
               `maxtext.layers.moe_experts` (check_vma=True) megablox's
               outputs lack the varying-axes annotation it needs.
 
-Shape key: M rows, K contraction dim, N output dim, E groups.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import jax
@@ -28,42 +28,42 @@ from maxtext.kernels import backend
 IMPLS = ("auto", "ragged_dot", "megablox")
 
 
-def _megablox(lhs_MK, rhs_EKN, group_sizes_E, tiling, interpret):
-  rows = lhs_MK.shape[0]
+def _megablox(lhs_TD, rhs_EDF, group_sizes_E, tiling, interpret):
+  rows = lhs_TD.shape[0]
   tile_m, tile_k, tile_n = tiling
-  lhs_MK = jnp.pad(lhs_MK, ((0, -rows % tile_m), (0, 0)))
-  tiling = (tile_m, min(tile_k, lhs_MK.shape[1]),
-            min(tile_n, rhs_EKN.shape[2]))
+  lhs_TD = jnp.pad(lhs_TD, ((0, -rows % tile_m), (0, 0)))
+  tiling = (tile_m, min(tile_k, lhs_TD.shape[1]),
+            min(tile_n, rhs_EDF.shape[2]))
   # The kernel leaves rows past the groups unwritten, in the output and in
   # the lhs gradient: select zeros there (selects, so garbage never leaks).
-  in_group_M1 = jnp.arange(lhs_MK.shape[0])[:, None] < group_sizes_E.sum()
-  lhs_MK = jnp.where(in_group_M1, lhs_MK, 0)
-  out_MN = megablox.gmm(lhs_MK, rhs_EKN, group_sizes_E.astype(jnp.int32),
-                        lhs_MK.dtype, tiling, None, None, False, interpret)
-  return jnp.where(in_group_M1, out_MN, 0)[:rows]
+  in_group_M1 = jnp.arange(lhs_TD.shape[0])[:, None] < group_sizes_E.sum()
+  lhs_TD = jnp.where(in_group_M1, lhs_TD, 0)
+  out_TF = megablox.gmm(lhs_TD, rhs_EDF, group_sizes_E.astype(jnp.int32),
+                        lhs_TD.dtype, tiling, None, None, False, interpret)
+  return jnp.where(in_group_M1, out_TF, 0)[:rows]
 
 
 def grouped_matmul(
-    lhs_MK: jax.Array,
-    rhs_EKN: jax.Array,
+    lhs_TD: jax.Array,
+    rhs_EDF: jax.Array,
     group_sizes_E: jax.Array,
     *,
     impl: str = "auto",
     tiling: tuple[int, int, int] = (128, 128, 128),
     interpret: bool = False,
 ) -> jax.Array:
-  """out[i] = lhs_MK[i] @ rhs_EKN[group of row i]; see the module docstring.
+  """out[i] = lhs_TD[i] @ rhs_EDF[group of row i]; see the module docstring.
 
   Args:
-    lhs_MK: Rows sorted by group.
-    rhs_EKN: One matrix per group.
+    lhs_TD: Rows sorted by group.
+    rhs_EDF: One matrix per group.
     group_sizes_E: Rows per group (integers summing to at most M).
     impl: One of `IMPLS`.
     tiling: megablox (M, K, N) tiles; K and N tiles are capped at the dims.
     interpret: Run megablox in Pallas interpret mode (any backend; slow).
 
   Returns:
-    [M, N] in the dtype of `lhs_MK`.
+    [T, F] in the dtype of `lhs_TD`.
 
   Raises:
     ValueError: `impl` is unknown.
@@ -71,9 +71,9 @@ def grouped_matmul(
   if impl not in IMPLS:
     raise ValueError(f"Unknown grouped-matmul impl {impl!r}; valid: {IMPLS}.")
   if impl == "auto":
-    lane_aligned = lhs_MK.shape[1] % 128 == 0 and rhs_EKN.shape[2] % 128 == 0
+    lane_aligned = lhs_TD.shape[1] % 128 == 0 and rhs_EDF.shape[2] % 128 == 0
     impl = ("megablox" if backend.target_platform() == "tpu" and
             backend.single_device() and lane_aligned else "ragged_dot")
   if impl == "megablox":
-    return _megablox(lhs_MK, rhs_EKN, group_sizes_E, tiling, interpret)
-  return jax.lax.ragged_dot(lhs_MK, rhs_EKN, group_sizes_E)
+    return _megablox(lhs_TD, rhs_EDF, group_sizes_E, tiling, interpret)
+  return jax.lax.ragged_dot(lhs_TD, rhs_EDF, group_sizes_E)

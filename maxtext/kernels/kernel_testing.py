@@ -3,8 +3,7 @@ and values, random packed-segment ids, and the output and gradients of a
 weighted sum of a kernel's output (what a kernel test compares with the
 reference's).
 
-Shape key as in attention.py: B batch, L length, H query heads, G key/value
-heads, K head dim, V value head dim.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 from collections.abc import Callable
@@ -40,14 +39,14 @@ def inputs(
     seed: of the RandomState.
 
   Returns:
-    q_BLHK, k_BLGK, v_BLGV.
+    q_BLHK, k_BLGK, v_BLGU.
   """
   rng = np.random.RandomState(seed)
   q_BLHK = rng.normal(size=(batch, length, num_heads, head_dim))
   k_BLGK = rng.normal(size=(batch, length, num_kv_heads, head_dim))
-  v_BLGV = rng.normal(size=(batch, length, num_kv_heads,
+  v_BLGU = rng.normal(size=(batch, length, num_kv_heads,
                             head_dim if value_dim is None else value_dim))
-  return tuple(x.astype(dtype) for x in (q_BLHK, k_BLGK, v_BLGV))
+  return tuple(x.astype(dtype) for x in (q_BLHK, k_BLGK, v_BLGU))
 
 
 def segments(batch: int, length: int, *, seed: int = 3,

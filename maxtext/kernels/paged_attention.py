@@ -1,9 +1,9 @@
 """Decode attention over a paged KV cache: one new query per sequence.
 
-The cache is a pool of pages, `k_pages_PTGK` / `v_pages_PTGK` [P, T, G, K];
+The cache is a pool of pages, `k_pages_PpGK` / `v_pages_PpGK` [P, p, G, K];
 sequence b owns pages `page_table_BN[b, 0], page_table_BN[b, 1], ...` in
-order, so its token at position t sits in page `page_table_BN[b, t // T]`,
-slot `t % T`. Sequence b holds `lengths_B[b]` tokens, the last of which is
+order, so its token at position t sits in page `page_table_BN[b, t // p]`,
+slot `t % p`. Sequence b holds `lengths_B[b]` tokens, the last of which is
 the query's own: the query (at position lengths_B[b] - 1) attends causally to
 positions 0 .. lengths_B[b] - 1, within `window` when given.
 
@@ -17,12 +17,11 @@ Three implementations, one signature:
   pallas     the TPU kernel shipped with jax
              (`jax.experimental.pallas.ops.tpu.paged_attention`); TPU only,
              no window and no sinks; head dim a multiple of 128. It wants
-             the pages head-major, [G, P, T, K]: this wrapper transposes
+             the pages head-major, [G, P, p, K]: this wrapper transposes
              them (a cache meant for it should store that layout).
   auto       pallas on TPU where it serves the call, else jax.
 
-Shape key: B sequences, H query heads, G key/value heads, R = H // G, K head
-dim, P pages in the pool, T tokens per page, N pages per sequence.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import jax
@@ -38,31 +37,31 @@ from maxtext.kernels import blockwise
 IMPLS = ("auto", "reference", "jax", "pallas")
 
 
-def reference_paged_attention(q_BHK, k_pages_PTGK, v_pages_PTGK,
+def reference_paged_attention(q_BHK, k_pages_PpGK, v_pages_PpGK,
                               page_table_BN, lengths_B, *, scale,
                               window=None, logit_softcap=0.0, sinks_H=None):
   """Dense gather, then `attention.reference_attention`; returns [B, H, K]."""
   batch, pages = page_table_BN.shape
-  _, page_size, num_kv_heads, _ = k_pages_PTGK.shape
+  _, page_size, num_kv_heads, _ = k_pages_PpGK.shape
 
-  def dense(pages_PTGK):
-    return pages_PTGK[page_table_BN].reshape(batch, pages * page_size,
+  def dense(pages_PpGK):
+    return pages_PpGK[page_table_BN].reshape(batch, pages * page_size,
                                              num_kv_heads, -1)
 
   mask_BLS = attention.positions_mask(lengths_B[:, None] - 1,
                                       pages * page_size, window)
   o_B1HK = attention.reference_attention(
-      q_BHK[:, None], dense(k_pages_PTGK), dense(v_pages_PTGK), scale=scale,
+      q_BHK[:, None], dense(k_pages_PpGK), dense(v_pages_PpGK), scale=scale,
       logit_softcap=logit_softcap, mask_BLS=mask_BLS, sinks_H=sinks_H)
   return o_B1HK[:, 0]
 
 
-def _jax_paged_attention(q_BHK, k_pages_PTGK, v_pages_PTGK, page_table_BN,
+def _jax_paged_attention(q_BHK, k_pages_PpGK, v_pages_PpGK, page_table_BN,
                          lengths_B, *, scale, window, logit_softcap, sinks_H):
-  k_pages_PTGK, v_pages_PTGK = jnp.asarray(k_pages_PTGK), jnp.asarray(
-      v_pages_PTGK)
+  k_pages_PpGK, v_pages_PpGK = jnp.asarray(k_pages_PpGK), jnp.asarray(
+      v_pages_PpGK)
   batch, num_heads, head_dim = q_BHK.shape
-  _, page_size, num_kv_heads, value_dim = v_pages_PTGK.shape
+  _, page_size, num_kv_heads, value_dim = v_pages_PpGK.shape
   group = num_heads // num_kv_heads
   q_B1GRK = q_BHK.reshape(batch, 1, num_kv_heads, group, head_dim)
   last_B = lengths_B - 1
@@ -72,18 +71,18 @@ def _jax_paged_attention(q_BHK, k_pages_PTGK, v_pages_PTGK, page_table_BN,
     first = column * page_size
 
     def update(carry):
-      s_BGR1T = jnp.einsum("bqgrk,btgk->bgrqt", q_B1GRK,
-                           k_pages_PTGK[page_ids_B],
+      s_BGR1p = jnp.einsum("bqgrk,btgk->bgrqt", q_B1GRK,
+                           k_pages_PpGK[page_ids_B],
                            preferred_element_type=jnp.float32) * scale
       if logit_softcap:
-        s_BGR1T = logit_softcap * jnp.tanh(s_BGR1T / logit_softcap)
-      position_1T = first + jnp.arange(page_size)[None]
-      mask_BT = position_1T <= last_B[:, None]
+        s_BGR1p = logit_softcap * jnp.tanh(s_BGR1p / logit_softcap)
+      position_1p = first + jnp.arange(page_size)[None]
+      mask_Bp = position_1p <= last_B[:, None]
       if window is not None:
-        mask_BT &= last_B[:, None] - position_1T < window
+        mask_Bp &= last_B[:, None] - position_1p < window
       return blockwise.online_softmax_update(
-          carry, s_BGR1T, mask_BT[:, None, None, None],
-          v_pages_PTGK[page_ids_B])
+          carry, s_BGR1p, mask_Bp[:, None, None, None],
+          v_pages_PpGK[page_ids_B])
 
     needed = first <= last_B.max()
     if window is not None:
@@ -97,16 +96,16 @@ def _jax_paged_attention(q_BHK, k_pages_PTGK, v_pages_PTGK, page_table_BN,
       (jnp.arange(page_table_BN.shape[1]), page_table_BN.T))
   o_BGR1K, _ = blockwise.online_softmax_finish(carry)
   return o_BGR1K.reshape(batch, num_heads, value_dim).astype(
-      v_pages_PTGK.dtype)
+      v_pages_PpGK.dtype)
 
 
-def _pallas_paged_attention(q_BHK, k_pages_PTGK, v_pages_PTGK, page_table_BN,
+def _pallas_paged_attention(q_BHK, k_pages_PpGK, v_pages_PpGK, page_table_BN,
                             lengths_B, *, scale, logit_softcap,
                             pages_per_compute_block):
   q_BHK = q_BHK * jnp.asarray(scale, q_BHK.dtype)
   return paged_attention_kernel.paged_attention(
-      q_BHK, jnp.moveaxis(k_pages_PTGK, 2, 0),
-      jnp.moveaxis(v_pages_PTGK, 2, 0), lengths_B.astype(jnp.int32),
+      q_BHK, jnp.moveaxis(k_pages_PpGK, 2, 0),
+      jnp.moveaxis(v_pages_PpGK, 2, 0), lengths_B.astype(jnp.int32),
       page_table_BN.astype(jnp.int32),
       attn_logits_soft_cap=logit_softcap or None,
       pages_per_compute_block=pages_per_compute_block)
@@ -114,8 +113,8 @@ def _pallas_paged_attention(q_BHK, k_pages_PTGK, v_pages_PTGK, page_table_BN,
 
 def paged_attention(
     q_BHK: jax.Array,
-    k_pages_PTGK: jax.Array,
-    v_pages_PTGK: jax.Array,
+    k_pages_PpGK: jax.Array,
+    v_pages_PpGK: jax.Array,
     page_table_BN: jax.Array,
     lengths_B: jax.Array,
     *,
@@ -130,8 +129,8 @@ def paged_attention(
 
   Args:
     q_BHK: The query of each sequence (at position lengths_B - 1).
-    k_pages_PTGK: Key pages.
-    v_pages_PTGK: Value pages.
+    k_pages_PpGK: Key pages.
+    v_pages_PpGK: Value pages.
     page_table_BN: Page ids of each sequence, in position order.
     lengths_B: Tokens in each sequence (>= 1), its query's included.
     scale: Multiplier of the query-key dot products.
@@ -143,7 +142,7 @@ def paged_attention(
       N.
 
   Returns:
-    [B, H, K] in the dtype of `v_pages_PTGK`.
+    [B, H, K] in the dtype of `v_pages_PpGK`.
 
   Raises:
     ValueError: `impl` is unknown or cannot serve the call.
@@ -164,11 +163,11 @@ def paged_attention(
         "use 'auto', 'jax' or 'reference'.")
   if impl == "pallas":
     return _pallas_paged_attention(
-        q_BHK, k_pages_PTGK, v_pages_PTGK, page_table_BN, lengths_B,
+        q_BHK, k_pages_PpGK, v_pages_PpGK, page_table_BN, lengths_B,
         scale=scale, logit_softcap=logit_softcap,
         pages_per_compute_block=pages_per_compute_block)
   fn = (reference_paged_attention if impl == "reference" else
         _jax_paged_attention)
-  return fn(q_BHK, k_pages_PTGK, v_pages_PTGK, page_table_BN, lengths_B,
+  return fn(q_BHK, k_pages_PpGK, v_pages_PpGK, page_table_BN, lengths_B,
             scale=scale, window=window, logit_softcap=logit_softcap,
             sinks_H=sinks_H)

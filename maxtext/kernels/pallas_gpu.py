@@ -17,8 +17,7 @@ padded key) and the head dims to a power of two (zero columns change neither
 the logits nor the kept output columns). `interpret=True` runs the kernels
 through Pallas' interpreter on any backend (the CPU tests).
 
-Shape key: B batch, L length (Lp padded), H query heads, G key/value heads,
-R = H // G, K head dim; Q query tile, T key tile.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import functools
@@ -74,9 +73,9 @@ def _pad_inputs(st, q_BLHK, k_BLGK, v_BLGK, segment_ids_BL):
     return _pad(_pad(x_BL_K, 1, padded), 3,
                 max(_MIN_BLOCK, pl.next_power_of_2(x_BL_K.shape[3])))
 
-  segments_BLp = (None if segment_ids_BL is None else
+  segments_padded_BL = (None if segment_ids_BL is None else
                   _pad(segment_ids_BL.astype(jnp.int32), 1, padded))
-  return pad(q_BLHK), pad(k_BLGK), pad(v_BLGK), segments_BLp
+  return pad(q_BLHK), pad(k_BLGK), pad(v_BLGK), segments_padded_BL
 
 
 def _compiler_params(num_warps):
@@ -84,7 +83,7 @@ def _compiler_params(num_warps):
 
 
 def _forward(st, q_BLHK, k_BLGK, v_BLGK, sinks_H, segment_ids_BL):
-  """Output [B, L, H, Kv] and log-sum-exp [B, H, Lp] (natural units)."""
+  """Output [B, L, H, U] and log-sum-exp [B, H, padded L] (natural units)."""
   batch, length, num_heads, _ = q_BLHK.shape
   value_dim = v_BLGK.shape[-1]
   group = num_heads // k_BLGK.shape[2]

@@ -23,8 +23,7 @@ Each walk covers only the tiles the causal mask and the window leave visible:
 the loop bounds are computed from the program id (dynamic `fori_loop`
 bounds, as in jax's kernel). Segment ids mask inside the tiles.
 
-Shape key: B batch, H query heads, G key/value heads, R = H // G, K head
-dim; Q query tile, T key tile.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import math
@@ -40,26 +39,26 @@ _LOG2E = math.log2(math.e)
 _HIDDEN = -1e30
 
 
-def _logits2(st, q_QK, k_TK):
-  """Scaled, soft-capped logits [Q, T] in base 2 (times log2(e)), float32,
+def _logits2(st, q_qK, k_sK):
+  """Scaled, soft-capped logits [q, s] in base 2 (times log2(e)), float32,
   and the soft-cap's tanh (None when off)."""
-  s_QT = plgpu.dot(q_QK, k_TK, trans_b=True) * st.scale
+  s_qs = plgpu.dot(q_qK, k_sK, trans_b=True) * st.scale
   if not st.logit_softcap:
-    return s_QT * _LOG2E, None
-  tanh_QT = jnp.tanh(s_QT / st.logit_softcap)
-  return tanh_QT * (st.logit_softcap * _LOG2E), tanh_QT
+    return s_qs * _LOG2E, None
+  tanh_qs = jnp.tanh(s_qs / st.logit_softcap)
+  return tanh_qs * (st.logit_softcap * _LOG2E), tanh_qs
 
 
-def _tile_mask(st, q_first, k_first, block_q, block_kv, seg_q_Q, seg_k_T):
-  """Boolean [Q, T]: causal, within the window, same segment."""
-  q_Q1 = q_first + jnp.arange(block_q)[:, None]
-  k_1T = k_first + jnp.arange(block_kv)[None, :]
-  mask_QT = k_1T <= q_Q1
+def _tile_mask(st, q_first, k_first, block_q, block_kv, seg_q_q, seg_k_s):
+  """Boolean [q, s]: causal, within the window, same segment."""
+  q_q1 = q_first + jnp.arange(block_q)[:, None]
+  k_1s = k_first + jnp.arange(block_kv)[None, :]
+  mask_qs = k_1s <= q_q1
   if st.window is not None:
-    mask_QT &= q_Q1 - k_1T < st.window
-  if seg_q_Q is not None:
-    mask_QT &= seg_q_Q[:, None] == seg_k_T[None, :]
-  return mask_QT
+    mask_qs &= q_q1 - k_1s < st.window
+  if seg_q_q is not None:
+    mask_qs &= seg_q_q[:, None] == seg_k_s[None, :]
+  return mask_qs
 
 
 def _key_blocks(st, q_first, block_q, block_kv):
@@ -90,51 +89,51 @@ def forward_kernel(q_ref, k_ref, v_ref, seg_ref, sinks_ref, o_ref, lse_ref,
   """One (query tile, batch row, query head): output and log-sum-exp."""
   block_q, block_kv = st.block_q, st.block_kv
   q_first = pl.program_id(0) * block_q
-  q_QK = q_ref[...]
-  seg_q_Q = _segments(seg_ref, q_first, block_q)
-  zeros_Q = jnp.zeros((block_q,), jnp.float32)
+  q_qK = q_ref[...]
+  seg_q_q = _segments(seg_ref, q_first, block_q)
+  zeros_q = jnp.zeros((block_q,), jnp.float32)
   if sinks_ref is None:
-    m_Q, l_Q = zeros_Q + _HIDDEN, zeros_Q
+    m_q, l_q = zeros_q + _HIDDEN, zeros_q
   else:
-    m_Q, l_Q = zeros_Q + sinks_ref[...] * _LOG2E, zeros_Q + 1.0
-  acc_QK = jnp.zeros((block_q, v_ref.shape[-1]), jnp.float32)
+    m_q, l_q = zeros_q + sinks_ref[...] * _LOG2E, zeros_q + 1.0
+  acc_qK = jnp.zeros((block_q, v_ref.shape[-1]), jnp.float32)
 
   def key_block(kj, carry):
-    m_Q, l_Q, acc_QK = carry
+    m_q, l_q, acc_qK = carry
     k_first = kj * block_kv
     keys = pl.ds(k_first, block_kv)
-    s_QT, _ = _logits2(st, q_QK, k_ref[keys, :])
-    mask_QT = _tile_mask(st, q_first, k_first, block_q, block_kv, seg_q_Q,
+    s_qs, _ = _logits2(st, q_qK, k_ref[keys, :])
+    mask_qs = _tile_mask(st, q_first, k_first, block_q, block_kv, seg_q_q,
                          _segments(seg_ref, k_first, block_kv))
-    s_QT = jnp.where(mask_QT, s_QT, _HIDDEN)
-    m_new_Q = jnp.maximum(m_Q, s_QT.max(-1))
+    s_qs = jnp.where(mask_qs, s_qs, _HIDDEN)
+    m_new_q = jnp.maximum(m_q, s_qs.max(-1))
     # While a row has seen only hidden keys (m = _HIDDEN) their p is 1, but
     # alpha = 0 wipes that out once the row's first visible key (every row
     # sees its own position) raises the max.
-    p_QT = jnp.exp2(s_QT - m_new_Q[:, None])
-    alpha_Q = jnp.exp2(m_Q - m_new_Q)
-    v_TK = v_ref[keys, :]
-    acc_QK = acc_QK * alpha_Q[:, None] + plgpu.dot(
-        p_QT.astype(v_TK.dtype), v_TK)
-    return m_new_Q, l_Q * alpha_Q + p_QT.sum(-1), acc_QK
+    p_qs = jnp.exp2(s_qs - m_new_q[:, None])
+    alpha_q = jnp.exp2(m_q - m_new_q)
+    v_sK = v_ref[keys, :]
+    acc_qK = acc_qK * alpha_q[:, None] + plgpu.dot(
+        p_qs.astype(v_sK.dtype), v_sK)
+    return m_new_q, l_q * alpha_q + p_qs.sum(-1), acc_qK
 
   first, end = _key_blocks(st, q_first, block_q, block_kv)
-  m_Q, l_Q, acc_QK = lax.fori_loop(first, end, key_block, (m_Q, l_Q, acc_QK))
-  o_ref[...] = (acc_QK / l_Q[:, None]).astype(o_ref.dtype)
-  lse_ref[...] = (m_Q + jnp.log2(l_Q)) / _LOG2E
+  m_q, l_q, acc_qK = lax.fori_loop(first, end, key_block, (m_q, l_q, acc_qK))
+  o_ref[...] = (acc_qK / l_q[:, None]).astype(o_ref.dtype)
+  lse_ref[...] = (m_q + jnp.log2(l_q)) / _LOG2E
 
 
-def _probs_and_dlogits(st, q_QK, k_TK, v_TK, do_QK, lse_Q, delta_Q, mask_QT):
-  """A tile's probabilities P [Q, T] and the gradient of the loss with
+def _probs_and_dlogits(st, q_qK, k_sK, v_sK, do_qK, lse_q, delta_q, mask_qs):
+  """A tile's probabilities P [q, s] and the gradient of the loss with
   respect to its raw scaled logits (soft-cap derivative and scale
   included), both float32."""
-  s_QT, tanh_QT = _logits2(st, q_QK, k_TK)
-  p_QT = jnp.where(mask_QT, jnp.exp2(s_QT - lse_Q[:, None] * _LOG2E), 0.0)
-  dp_QT = plgpu.dot(do_QK, v_TK, trans_b=True)
-  ds_QT = p_QT * (dp_QT - delta_Q[:, None])
-  if tanh_QT is not None:
-    ds_QT *= 1.0 - tanh_QT * tanh_QT
-  return p_QT, ds_QT * st.scale
+  s_qs, tanh_qs = _logits2(st, q_qK, k_sK)
+  p_qs = jnp.where(mask_qs, jnp.exp2(s_qs - lse_q[:, None] * _LOG2E), 0.0)
+  dp_qs = plgpu.dot(do_qK, v_sK, trans_b=True)
+  ds_qs = p_qs * (dp_qs - delta_q[:, None])
+  if tanh_qs is not None:
+    ds_qs *= 1.0 - tanh_qs * tanh_qs
+  return p_qs, ds_qs * st.scale
 
 
 def dq_kernel(q_ref, k_ref, v_ref, seg_ref, do_ref, lse_ref, delta_ref,
@@ -142,24 +141,24 @@ def dq_kernel(q_ref, k_ref, v_ref, seg_ref, do_ref, lse_ref, delta_ref,
   """One (query tile, batch row, query head): dQ over the visible keys."""
   block_q, block_kv = st.backward_block_q, st.backward_block_kv
   q_first = pl.program_id(0) * block_q
-  q_QK, do_QK = q_ref[...], do_ref[...]
-  lse_Q, delta_Q = lse_ref[...], delta_ref[...]
-  seg_q_Q = _segments(seg_ref, q_first, block_q)
+  q_qK, do_qK = q_ref[...], do_ref[...]
+  lse_q, delta_q = lse_ref[...], delta_ref[...]
+  seg_q_q = _segments(seg_ref, q_first, block_q)
 
-  def key_block(kj, dq_QK):
+  def key_block(kj, dq_qK):
     k_first = kj * block_kv
     keys = pl.ds(k_first, block_kv)
-    k_TK = k_ref[keys, :]
-    mask_QT = _tile_mask(st, q_first, k_first, block_q, block_kv, seg_q_Q,
+    k_sK = k_ref[keys, :]
+    mask_qs = _tile_mask(st, q_first, k_first, block_q, block_kv, seg_q_q,
                          _segments(seg_ref, k_first, block_kv))
-    _, ds_QT = _probs_and_dlogits(st, q_QK, k_TK, v_ref[keys, :], do_QK,
-                                  lse_Q, delta_Q, mask_QT)
-    return dq_QK + plgpu.dot(ds_QT.astype(k_TK.dtype), k_TK)
+    _, ds_qs = _probs_and_dlogits(st, q_qK, k_sK, v_ref[keys, :], do_qK,
+                                  lse_q, delta_q, mask_qs)
+    return dq_qK + plgpu.dot(ds_qs.astype(k_sK.dtype), k_sK)
 
   first, end = _key_blocks(st, q_first, block_q, block_kv)
-  dq_QK = lax.fori_loop(first, end, key_block,
-                        jnp.zeros(q_QK.shape, jnp.float32))
-  dq_ref[...] = dq_QK.astype(dq_ref.dtype)
+  dq_qK = lax.fori_loop(first, end, key_block,
+                        jnp.zeros(q_qK.shape, jnp.float32))
+  dq_ref[...] = dq_qK.astype(dq_ref.dtype)
 
 
 def dkv_kernel(q_ref, k_ref, v_ref, seg_ref, do_ref, lse_ref, delta_ref,
@@ -168,31 +167,31 @@ def dkv_kernel(q_ref, k_ref, v_ref, seg_ref, do_ref, lse_ref, delta_ref,
   `group` query heads that share the key/value head."""
   block_q, block_kv = st.backward_block_q, st.backward_block_kv
   k_first = pl.program_id(0) * block_kv
-  k_TK, v_TK = k_ref[...], v_ref[...]
-  seg_k_T = _segments(seg_ref, k_first, block_kv)
+  k_sK, v_sK = k_ref[...], v_ref[...]
+  seg_k_s = _segments(seg_ref, k_first, block_kv)
   num_q_blocks = q_ref.shape[0] // block_q
   first, end = _query_blocks(st, k_first, block_q, block_kv, num_q_blocks)
 
   def query_head(r, carry):
 
     def query_block(qi, carry):
-      dk_TK, dv_TK = carry
+      dk_sK, dv_sK = carry
       q_first = qi * block_q
       queries = pl.ds(q_first, block_q)
-      q_QK, do_QK = q_ref[queries, r, :], do_ref[queries, r, :]
-      mask_QT = _tile_mask(st, q_first, k_first, block_q, block_kv,
-                           _segments(seg_ref, q_first, block_q), seg_k_T)
-      p_QT, ds_QT = _probs_and_dlogits(st, q_QK, k_TK, v_TK, do_QK,
+      q_qK, do_qK = q_ref[queries, r, :], do_ref[queries, r, :]
+      mask_qs = _tile_mask(st, q_first, k_first, block_q, block_kv,
+                           _segments(seg_ref, q_first, block_q), seg_k_s)
+      p_qs, ds_qs = _probs_and_dlogits(st, q_qK, k_sK, v_sK, do_qK,
                                        lse_ref[r, queries],
-                                       delta_ref[r, queries], mask_QT)
-      dv_TK += plgpu.dot(p_QT.astype(do_QK.dtype), do_QK, trans_a=True)
-      dk_TK += plgpu.dot(ds_QT.astype(q_QK.dtype), q_QK, trans_a=True)
-      return dk_TK, dv_TK
+                                       delta_ref[r, queries], mask_qs)
+      dv_sK += plgpu.dot(p_qs.astype(do_qK.dtype), do_qK, trans_a=True)
+      dk_sK += plgpu.dot(ds_qs.astype(q_qK.dtype), q_qK, trans_a=True)
+      return dk_sK, dv_sK
 
     return lax.fori_loop(first, end, query_block, carry)
 
-  dk_TK, dv_TK = lax.fori_loop(
-      0, group, query_head, (jnp.zeros(k_TK.shape, jnp.float32),
-                             jnp.zeros(v_TK.shape, jnp.float32)))
-  dk_ref[...] = dk_TK.astype(dk_ref.dtype)
-  dv_ref[...] = dv_TK.astype(dv_ref.dtype)
+  dk_sK, dv_sK = lax.fori_loop(
+      0, group, query_head, (jnp.zeros(k_sK.shape, jnp.float32),
+                             jnp.zeros(v_sK.shape, jnp.float32)))
+  dk_ref[...] = dk_sK.astype(dk_ref.dtype)
+  dv_ref[...] = dv_sK.astype(dv_ref.dtype)

@@ -30,9 +30,7 @@ each tile's probabilities, and the key/value gradients travel with their
 chunk (N hops bring them home). Attention sinks start the online softmax,
 so they count once per row.
 
-Shape key (per device inside the ring): B batch, C chunk (local length),
-H query heads, G key/value heads, R = H // G, K head dim (the values' may
-differ); M query blocks of Q queries and J key blocks of T keys per chunk.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import functools
@@ -67,176 +65,176 @@ def _rotate(st, x):
   return lax.ppermute(x, st.axis, perm)
 
 
-def _split(x_BC_, block):
-  """[M, B, block, ...]: `x_BC_` padded along C to a multiple of `block`
+def _split(x_Bc_, block):
+  """[m, B, block, ...]: `x_Bc_` padded along c to a multiple of `block`
   and split (None stays None)."""
-  if x_BC_ is None:
+  if x_Bc_ is None:
     return None
-  return blockwise.split_blocks(blockwise.pad_to(x_BC_, 1, block), 1, block)
+  return blockwise.split_blocks(blockwise.pad_to(x_Bc_, 1, block), 1, block)
 
 
-def _unsplit(x_MB_, chunk):
-  """[B, C, ...] from blocks [M, B, block, ...] (padding dropped)."""
-  x_BM_ = jnp.moveaxis(x_MB_, 0, 1)
-  return x_BM_.reshape(x_BM_.shape[0], -1, *x_BM_.shape[3:])[:, :chunk]
+def _unsplit(x_mB_, chunk):
+  """[B, c, ...] from blocks [m, B, block, ...] (padding dropped)."""
+  x_Bm_ = jnp.moveaxis(x_mB_, 0, 1)
+  return x_Bm_.reshape(x_Bm_.shape[0], -1, *x_Bm_.shape[3:])[:, :chunk]
 
 
-def _forward(st, q_BCHK, k_BCGK, v_BCGK, sinks_H, seg_BC):
-  """Output [B, C, H, K] and log-sum-exp [M, B, G, R, Q] (sinks included)."""
-  batch, chunk, num_heads, head_dim = q_BCHK.shape
-  num_kv_heads, value_dim = k_BCGK.shape[2], v_BCGK.shape[-1]
+def _forward(st, q_BcHK, k_BcGK, v_BcGK, sinks_H, seg_Bc):
+  """Output [B, c, H, K] and log-sum-exp [m, B, G, R, q] (sinks included)."""
+  batch, chunk, num_heads, head_dim = q_BcHK.shape
+  num_kv_heads, value_dim = k_BcGK.shape[2], v_BcGK.shape[-1]
   group = num_heads // num_kv_heads
-  q_MBQGRK = _split(q_BCHK.reshape(batch, chunk, num_kv_heads, group,
+  q_mBqGRK = _split(q_BcHK.reshape(batch, chunk, num_kv_heads, group,
                                    head_dim), st.block_q)
-  seg_q_MBQ = _split(seg_BC, st.block_q)
-  num_q_blocks = q_MBQGRK.shape[0]
-  kv = tuple(_split(x, st.block_kv) for x in (k_BCGK, v_BCGK, seg_BC))
+  seg_q_mBq = _split(seg_Bc, st.block_q)
+  num_q_blocks = q_mBqGRK.shape[0]
+  kv = tuple(_split(x, st.block_kv) for x in (k_BcGK, v_BcGK, seg_Bc))
   num_kv_blocks = kv[0].shape[0]
   me = lax.axis_index(st.axis)
 
-  def attend(carry_M, step, k_JBTGK, v_JBTGK, seg_k_JBT):
+  def attend(carry_m, step, k_nBsGK, v_nBsGK, seg_k_nBs):
     """Folds the key chunk held at `step` into every query block."""
     chunk_first = (me - step) % st.size * chunk
 
     def query_block(_, xs):
-      qi, q_BQGRK, seg_q_BQ, carry = xs
+      qi, q_BqGRK, seg_q_Bq, carry = xs
       q_first = me * chunk + qi * st.block_q
 
       def key_block(carry, ys):
-        kj, k_BTGK, v_BTGK, seg_k_BT = ys
+        kj, k_BsGK, v_BsGK, seg_k_Bs = ys
         k_first = chunk_first + kj * st.block_kv
 
         def update(carry):
-          s_BGRQT, _ = blockwise.tile_logits(st, q_BQGRK, k_BTGK)
-          mask_B11QT = blockwise.tile_mask(
-              st, q_first, k_first, chunk - kj * st.block_kv, seg_q_BQ,
-              seg_k_BT)[:, None, None]
-          return blockwise.online_softmax_update(carry, s_BGRQT, mask_B11QT,
-                                                 v_BTGK)
+          s_BGRqs, _ = blockwise.tile_logits(st, q_BqGRK, k_BsGK)
+          mask_B11qs = blockwise.tile_mask(
+              st, q_first, k_first, chunk - kj * st.block_kv, seg_q_Bq,
+              seg_k_Bs)[:, None, None]
+          return blockwise.online_softmax_update(carry, s_BGRqs, mask_B11qs,
+                                                 v_BsGK)
 
         needed = blockwise.tile_needed(st, q_first, k_first)
         return lax.cond(needed, update, lambda c: c, carry), None
 
       carry, _ = lax.scan(key_block, carry, (jnp.arange(num_kv_blocks),
-                                             k_JBTGK, v_JBTGK, seg_k_JBT))
+                                             k_nBsGK, v_nBsGK, seg_k_nBs))
       return None, carry
 
-    return lax.scan(query_block, None, (jnp.arange(num_q_blocks), q_MBQGRK,
-                                        seg_q_MBQ, carry_M))[1]
+    return lax.scan(query_block, None, (jnp.arange(num_q_blocks), q_mBqGRK,
+                                        seg_q_mBq, carry_m))[1]
 
   def ring_step(state, step):
-    carry_M, kv = state
+    carry_m, kv = state
     next_kv = _rotate(st, kv)  # Independent of this step's compute.
-    return (attend(carry_M, step, *kv), next_kv), None
+    return (attend(carry_m, step, *kv), next_kv), None
 
-  carry_M = jax.tree.map(
+  carry_m = jax.tree.map(
       lambda x: jnp.broadcast_to(x, (num_q_blocks, *x.shape)),
       blockwise.online_softmax_init(
           (batch, num_kv_heads, group, st.block_q), value_dim, sinks_H))
-  (carry_M, kv), _ = lax.scan(ring_step, (carry_M, kv),
+  (carry_m, kv), _ = lax.scan(ring_step, (carry_m, kv),
                               jnp.arange(st.size - 1))
-  carry_M = attend(carry_M, st.size - 1, *kv)
-  o_MBGRQK, lse_MBGRQ = blockwise.online_softmax_finish(carry_M)
-  o_BCHK = _unsplit(o_MBGRQK.transpose(0, 1, 4, 2, 3, 5), chunk).reshape(
-      batch, chunk, num_heads, value_dim).astype(v_BCGK.dtype)
-  return o_BCHK, lse_MBGRQ
+  carry_m = attend(carry_m, st.size - 1, *kv)
+  o_mBGRqK, lse_mBGRq = blockwise.online_softmax_finish(carry_m)
+  o_BcHK = _unsplit(o_mBGRqK.transpose(0, 1, 4, 2, 3, 5), chunk).reshape(
+      batch, chunk, num_heads, value_dim).astype(v_BcGK.dtype)
+  return o_BcHK, lse_mBGRq
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _ring(st, q_BCHK, k_BCGK, v_BCGK, sinks_H, seg_BC):
-  return _forward(st, q_BCHK, k_BCGK, v_BCGK, sinks_H, seg_BC)[0]
+def _ring(st, q_BcHK, k_BcGK, v_BcGK, sinks_H, seg_Bc):
+  return _forward(st, q_BcHK, k_BcGK, v_BcGK, sinks_H, seg_Bc)[0]
 
 
-def _ring_fwd(st, q_BCHK, k_BCGK, v_BCGK, sinks_H, seg_BC):
-  o_BCHK, lse_MBGRQ = _forward(st, q_BCHK, k_BCGK, v_BCGK, sinks_H, seg_BC)
-  return o_BCHK, (q_BCHK, k_BCGK, v_BCGK, sinks_H, seg_BC, o_BCHK, lse_MBGRQ)
+def _ring_fwd(st, q_BcHK, k_BcGK, v_BcGK, sinks_H, seg_Bc):
+  o_BcHK, lse_mBGRq = _forward(st, q_BcHK, k_BcGK, v_BcGK, sinks_H, seg_Bc)
+  return o_BcHK, (q_BcHK, k_BcGK, v_BcGK, sinks_H, seg_Bc, o_BcHK, lse_mBGRq)
 
 
-def _ring_bwd(st, residuals, do_BCHK):
+def _ring_bwd(st, residuals, do_BcHK):
   """Gradients by a second trip round the ring (flash-attention backward
   per tile; dk and dv travel with their chunk and arrive home)."""
-  q_BCHK, k_BCGK, v_BCGK, sinks_H, seg_BC, o_BCHK, lse_MBGRQ = residuals
-  batch, chunk, num_heads, head_dim = q_BCHK.shape
-  num_kv_heads = k_BCGK.shape[2]
+  q_BcHK, k_BcGK, v_BcGK, sinks_H, seg_Bc, o_BcHK, lse_mBGRq = residuals
+  batch, chunk, num_heads, head_dim = q_BcHK.shape
+  num_kv_heads = k_BcGK.shape[2]
   group = num_heads // num_kv_heads
 
-  def query_blocks(x_BCHK):
-    return _split(x_BCHK.reshape(batch, chunk, num_kv_heads, group,
-                                 x_BCHK.shape[-1]), st.block_q)
+  def query_blocks(x_BcHK):
+    return _split(x_BcHK.reshape(batch, chunk, num_kv_heads, group,
+                                 x_BcHK.shape[-1]), st.block_q)
 
-  q_MBQGRK, do_MBQGRK = query_blocks(q_BCHK), query_blocks(do_BCHK)
+  q_mBqGRK, do_mBqGRK = query_blocks(q_BcHK), query_blocks(do_BcHK)
   # D = rowsum(dO * O), the softmax backward's correction.
-  delta_MBGRQ = jnp.einsum("mbqgrk,mbqgrk->mbgrq",
-                           do_MBQGRK.astype(jnp.float32),
-                           query_blocks(o_BCHK).astype(jnp.float32))
-  seg_q_MBQ = _split(seg_BC, st.block_q)
-  num_q_blocks = q_MBQGRK.shape[0]
-  kv = tuple(_split(x, st.block_kv) for x in (k_BCGK, v_BCGK, seg_BC))
+  delta_mBGRq = jnp.einsum("mbqgrk,mbqgrk->mbgrq",
+                           do_mBqGRK.astype(jnp.float32),
+                           query_blocks(o_BcHK).astype(jnp.float32))
+  seg_q_mBq = _split(seg_Bc, st.block_q)
+  num_q_blocks = q_mBqGRK.shape[0]
+  kv = tuple(_split(x, st.block_kv) for x in (k_BcGK, v_BcGK, seg_Bc))
   num_kv_blocks = kv[0].shape[0]
   me = lax.axis_index(st.axis)
 
-  def grads(dq_MBQGRK, step, k_JBTGK, v_JBTGK, seg_k_JBT, dk_JBTGK,
-            dv_JBTGK):
+  def grads(dq_mBqGRK, step, k_nBsGK, v_nBsGK, seg_k_nBs, dk_nBsGK,
+            dv_nBsGK):
     """Adds the gradients of the tiles of the key chunk held at `step`."""
     chunk_first = (me - step) % st.size * chunk
 
-    def key_block(dq_MBQGRK, xs):
-      kj, k_BTGK, v_BTGK, seg_k_BT, dk_BTGK, dv_BTGK = xs
+    def key_block(dq_mBqGRK, xs):
+      kj, k_BsGK, v_BsGK, seg_k_Bs, dk_BsGK, dv_BsGK = xs
       k_first = chunk_first + kj * st.block_kv
 
       def query_block(carry, ys):
-        qi, q_BQGRK, do_BQGRK, lse_BGRQ, delta_BGRQ, seg_q_BQ = ys
+        qi, q_BqGRK, do_BqGRK, lse_BGRq, delta_BGRq, seg_q_Bq = ys
         q_first = me * chunk + qi * st.block_q
 
         def update(carry):
-          dq_MBQGRK, dk_BTGK, dv_BTGK = carry
-          mask_B11QT = blockwise.tile_mask(
-              st, q_first, k_first, chunk - kj * st.block_kv, seg_q_BQ,
-              seg_k_BT)[:, None, None]
-          dq_BQGRK, dk_BTGK, dv_BTGK = blockwise.tile_backward(
-              st, q_BQGRK, k_BTGK, v_BTGK, do_BQGRK, lse_BGRQ, delta_BGRQ,
-              mask_B11QT, dk_BTGK, dv_BTGK)
-          return dq_MBQGRK.at[qi].add(dq_BQGRK), dk_BTGK, dv_BTGK
+          dq_mBqGRK, dk_BsGK, dv_BsGK = carry
+          mask_B11qs = blockwise.tile_mask(
+              st, q_first, k_first, chunk - kj * st.block_kv, seg_q_Bq,
+              seg_k_Bs)[:, None, None]
+          dq_BqGRK, dk_BsGK, dv_BsGK = blockwise.tile_backward(
+              st, q_BqGRK, k_BsGK, v_BsGK, do_BqGRK, lse_BGRq, delta_BGRq,
+              mask_B11qs, dk_BsGK, dv_BsGK)
+          return dq_mBqGRK.at[qi].add(dq_BqGRK), dk_BsGK, dv_BsGK
 
         needed = blockwise.tile_needed(st, q_first, k_first)
         return lax.cond(needed, update, lambda c: c, carry), None
 
-      (dq_MBQGRK, dk_BTGK, dv_BTGK), _ = lax.scan(
-          query_block, (dq_MBQGRK, dk_BTGK, dv_BTGK),
-          (jnp.arange(num_q_blocks), q_MBQGRK, do_MBQGRK, lse_MBGRQ,
-           delta_MBGRQ, seg_q_MBQ))
-      return dq_MBQGRK, (dk_BTGK, dv_BTGK)
+      (dq_mBqGRK, dk_BsGK, dv_BsGK), _ = lax.scan(
+          query_block, (dq_mBqGRK, dk_BsGK, dv_BsGK),
+          (jnp.arange(num_q_blocks), q_mBqGRK, do_mBqGRK, lse_mBGRq,
+           delta_mBGRq, seg_q_mBq))
+      return dq_mBqGRK, (dk_BsGK, dv_BsGK)
 
-    dq_MBQGRK, dkv = lax.scan(
-        key_block, dq_MBQGRK, (jnp.arange(num_kv_blocks), k_JBTGK, v_JBTGK,
-                               seg_k_JBT, dk_JBTGK, dv_JBTGK))
-    return dq_MBQGRK, dkv
+    dq_mBqGRK, dkv = lax.scan(
+        key_block, dq_mBqGRK, (jnp.arange(num_kv_blocks), k_nBsGK, v_nBsGK,
+                               seg_k_nBs, dk_nBsGK, dv_nBsGK))
+    return dq_mBqGRK, dkv
 
   def ring_step(state, step):
-    dq_MBQGRK, kv, dkv = state
+    dq_mBqGRK, kv, dkv = state
     next_kv = _rotate(st, kv)
-    dq_MBQGRK, dkv = grads(dq_MBQGRK, step, *kv, *dkv)
-    return (dq_MBQGRK, next_kv, _rotate(st, dkv)), None
+    dq_mBqGRK, dkv = grads(dq_mBqGRK, step, *kv, *dkv)
+    return (dq_mBqGRK, next_kv, _rotate(st, dkv)), None
 
   zeros = functools.partial(jnp.zeros, dtype=jnp.float32)
-  (dq_MBQGRK, kv, dkv), _ = lax.scan(
-      ring_step, (zeros(q_MBQGRK.shape), kv,
+  (dq_mBqGRK, kv, dkv), _ = lax.scan(
+      ring_step, (zeros(q_mBqGRK.shape), kv,
                   (zeros(kv[0].shape), zeros(kv[1].shape))),
       jnp.arange(st.size - 1))
-  dq_MBQGRK, dkv = grads(dq_MBQGRK, st.size - 1, *kv, *dkv)
-  dk_JBTGK, dv_JBTGK = _rotate(st, dkv)  # The last hop home.
+  dq_mBqGRK, dkv = grads(dq_mBqGRK, st.size - 1, *kv, *dkv)
+  dk_nBsGK, dv_nBsGK = _rotate(st, dkv)  # The last hop home.
   dsinks_H = None
   if sinks_H is not None:
     # The sink is a key with value 0: d sink = -sum_rows p_sink * D.
     sinks_11GR1 = sinks_H.astype(jnp.float32).reshape(1, 1, num_kv_heads,
                                                       group, 1)
-    p_sink_MBGRQ = jnp.exp(sinks_11GR1 - lse_MBGRQ)
-    dsinks_H = -(p_sink_MBGRQ * delta_MBGRQ).sum((0, 1, 4)).reshape(
+    p_sink_mBGRq = jnp.exp(sinks_11GR1 - lse_mBGRq)
+    dsinks_H = -(p_sink_mBGRq * delta_mBGRq).sum((0, 1, 4)).reshape(
         num_heads).astype(sinks_H.dtype)
-  dq_BCHK = _unsplit(dq_MBQGRK, chunk).reshape(q_BCHK.shape)
-  return (dq_BCHK.astype(q_BCHK.dtype),
-          _unsplit(dk_JBTGK, chunk).astype(k_BCGK.dtype),
-          _unsplit(dv_JBTGK, chunk).astype(v_BCGK.dtype), dsinks_H, None)
+  dq_BcHK = _unsplit(dq_mBqGRK, chunk).reshape(q_BcHK.shape)
+  return (dq_BcHK.astype(q_BcHK.dtype),
+          _unsplit(dk_nBsGK, chunk).astype(k_BcGK.dtype),
+          _unsplit(dv_nBsGK, chunk).astype(v_BcGK.dtype), dsinks_H, None)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)

@@ -9,8 +9,7 @@ soft-cap and sinks are in scaled-logit units as in the reference. The length
 is padded at the end to a multiple of the blocks: under the causal mask no
 real query sees a padded key.
 
-Shape key: B batch, L length, H query heads, G key/value heads, R = H // G,
-K head dim.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import math

@@ -1,7 +1,6 @@
 """Multi-head self-attention layer with GQA, optional q/k norm and rotary.
 
-Shape key: B batch, L length, D embed dim, H query heads, G key/value heads,
-K head dim.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 
 Activations carry logical sharding constraints (`axes.constrain`) and remat
 names (`jax.ad_checkpoint.checkpoint_name`): "query_proj", "key_proj",
@@ -251,7 +250,7 @@ class Attention(nnx.Module):
     if paged and q_BLHK.shape[1] == 1:
       pages = cache.pages
       o_BHK = paged_attention.paged_attention(
-          q_BLHK[:, 0], pages.key_pages_PTGK, pages.value_pages_PTGK,
+          q_BLHK[:, 0], pages.key_pages_PpGK, pages.value_pages_PpGK,
           cache.page_table_BN, positions_BL[:, 0] + 1, scale=self.scale,
           window=window, logit_softcap=self.logit_softcap, sinks_H=sinks_H,
           impl=pages.impl)

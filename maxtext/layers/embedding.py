@@ -1,6 +1,6 @@
 """Token embedding with an optional sqrt(dim) scale and a tied output head.
 
-Shape key: B batch, L length, D embed dim, V vocab.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import jax

@@ -15,8 +15,7 @@ order; it is the same for every layer, so the layers' caches do not hold
 it: the decoder takes it once per call and each layer's attention reads
 its pages through it (`PagedView`).
 
-Shape key: B batch, L new tokens, S cache length, G key/value heads, K head
-dim, P pages in the pool, T tokens per page, N pages per row.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import dataclasses
@@ -62,7 +61,7 @@ class KVCache:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PagedKVCache:
-  """A layer's pool of key and value pages [P, T, G, K].
+  """A layer's pool of key and value pages [P, p, G, K].
 
   Holds no page table: one table [B, N] serves every layer, so the decoder
   takes it once per call (`Decoder.__call__(..., page_table_BN=...)`) and
@@ -71,13 +70,13 @@ class PagedKVCache:
   a leading layer axis.
   """
 
-  key_pages_PTGK: jax.Array
-  value_pages_PTGK: jax.Array
+  key_pages_PpGK: jax.Array
+  value_pages_PpGK: jax.Array
   impl: str = dataclasses.field(default="auto", metadata=dict(static=True))
 
   @property
   def page_size(self) -> int:
-    return self.key_pages_PTGK.shape[-3]
+    return self.key_pages_PpGK.shape[-3]
 
 
 @jax.tree_util.register_dataclass
@@ -86,7 +85,7 @@ class PagedView:
   """A layer's `PagedKVCache` read through a page table: what attention
   writes to and reads.
 
-  Row b's position t sits in page `page_table_BN[b, t // T]`, slot `t % T`
+  Row b's position t sits in page `page_table_BN[b, t // p]`, slot `t % p`
   (the layout of `maxtext.kernels.paged_attention`). Who owns which page is
   the caller's business (`maxtext.inference.page_pool`); this class only
   honours the table. A table entry may name a scratch page that several rows
@@ -96,7 +95,7 @@ class PagedView:
 
   Decode steps (one token per row) read the pages with
   `paged_attention.paged_attention(..., impl=pages.impl)`; longer calls
-  (prefill) gather each row's pages into a dense [B, N * T, G, K] view
+  (prefill) gather each row's pages into a dense [B, N * p, G, K] view
   (`gather`).
   """
 
@@ -120,26 +119,26 @@ class PagedView:
                                   positions_BL // page_size, axis=1)
     slot_BL = positions_BL % page_size
 
-    def write(pages_PTGK, new_BLGK):
-      return pages_PTGK.at[page_BL, slot_BL].set(
-          new_BLGK.astype(pages_PTGK.dtype))
+    def write(pages_PpGK, new_BLGK):
+      return pages_PpGK.at[page_BL, slot_BL].set(
+          new_BLGK.astype(pages_PpGK.dtype))
 
     pages = dataclasses.replace(
         self.pages,
-        key_pages_PTGK=write(self.pages.key_pages_PTGK, k_BLGK),
-        value_pages_PTGK=write(self.pages.value_pages_PTGK, v_BLGK))
+        key_pages_PpGK=write(self.pages.key_pages_PpGK, k_BLGK),
+        value_pages_PpGK=write(self.pages.value_pages_PpGK, v_BLGK))
     return dataclasses.replace(self, pages=pages)
 
   def gather(self) -> tuple[jax.Array, jax.Array]:
-    """Dense keys and values [B, N * T, G, K], slot j holding position j."""
+    """Dense keys and values [B, N * p, G, K], slot j holding position j."""
     batch = self.page_table_BN.shape[0]
 
-    def dense(pages_PTGK):
-      return pages_PTGK[self.page_table_BN].reshape(
-          (batch, self.length) + pages_PTGK.shape[-2:])
+    def dense(pages_PpGK):
+      return pages_PpGK[self.page_table_BN].reshape(
+          (batch, self.length) + pages_PpGK.shape[-2:])
 
-    return (dense(self.pages.key_pages_PTGK),
-            dense(self.pages.value_pages_PTGK))
+    return (dense(self.pages.key_pages_PpGK),
+            dense(self.pages.value_pages_PpGK))
 
 
 def paged_like(cache, *, num_pages: int, page_size: int, impl: str = "auto"):

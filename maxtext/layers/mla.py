@@ -1,15 +1,15 @@
 """Multi-head latent attention (MLA, DeepSeek-V2/V3).
 
 Queries: x -> q_a (rank `q_lora_rank`) -> RMSNorm -> q_b, per head a
-non-rotary part (width N = `qk_nope_head_dim`) and a rotary part (width
+non-rotary part (width O = `qk_nope_head_dim`) and a rotary part (width
 K = `head_dim`); with `q_lora_rank` 0 one projection x -> q. Keys and values
-come from a compressed latent: x -> kv_a gives a latent (width C =
+come from a compressed latent: x -> kv_a gives a latent (width Z =
 `kv_lora_rank`) and one rotary key shared by all heads (width K); the latent
-is RMS-normalised and kv_b expands it into every head's non-rotary key (N)
-and value (width V = `v_head_dim`). The rotary parts are rotated by position
+is RMS-normalised and kv_b expands it into every head's non-rotary key (O)
+and value (width U = `v_head_dim`). The rotary parts are rotated by position
 (decoupled RoPE, with YaRN scaling when configured); a head's key is
 [non-rotary key, shared rotary key]. The softmax scale is
-(N + K)**-0.5, times `yarn_mscale(factor, mscale_all_dim)**2` with YaRN
+(O + K)**-0.5, times `yarn_mscale(factor, mscale_all_dim)**2` with YaRN
 (as in DeepSeek-V3 and transformers' DeepseekV3Attention).
 
 With `rope_interleave` (DeepSeek's checkpoints) the rotary part pairs
@@ -21,7 +21,7 @@ those of the interleaved rotation.
 
 The KV cache (`empty_cache`) stores per token only the normalised latent
 and the rotated shared key, a `KVCache` whose "keys" are the latents
-[B, S, 1, C] and "values" the rotary keys [B, S, 1, K]; decoding expands the
+[B, S, 1, Z] and "values" the rotary keys [B, S, 1, K]; decoding expands the
 cached latents with kv_b, so it computes the same function as the uncached
 forward pass (the weight-absorbed decoding of DeepSeek's inference code,
 which skips that expansion, is not implemented).
@@ -30,9 +30,7 @@ Remat names (`maxtext.layers.remat`): "query_proj" (queries), "key_proj"
 (the kv_a output: latent and rotary key), "attention_context" and
 "out_proj", as in `maxtext.layers.attention`.
 
-Shape key: B batch, L length, S cache length, D embed dim, H heads,
-Q query rank, C latent width, N non-rotary head dim, K rotary head dim,
-V value head dim.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import dataclasses
@@ -68,11 +66,11 @@ class MlaConfig:
   Attributes (their `model` section keys in `KEYS`):
     q_lora_rank: Rank of the low-rank query projection (Q); 0: one full
       query projection.
-    kv_lora_rank: Width of the compressed key/value latent (C): what the KV
+    kv_lora_rank: Width of the compressed key/value latent (Z): what the KV
       cache stores per token, with the rotary key.
     qk_nope_head_dim: Width of the non-rotary part of each query and key
-      head (N).
-    v_head_dim: Width of each value head (V).
+      head (O).
+    v_head_dim: Width of each value head (U).
     rope_interleave: The rotary part pairs dimensions (0, 1), (2, 3), ...
       (DeepSeek's checkpoints) instead of (k, k + K/2).
   """
@@ -128,7 +126,7 @@ def softmax_scale(attention_cfg: attention.AttentionConfig, cfg: MlaConfig,
 
 def empty_cache(cfg: MlaConfig, head_dim: int, dtype: str, batch: int,
                 length: int) -> kv_cache_lib.KVCache:
-  """A zero latent cache: latents [B, S, 1, C] and rotary keys [B, S, 1, K]
+  """A zero latent cache: latents [B, S, 1, Z] and rotary keys [B, S, 1, K]
   (K = `head_dim`, the rotary part's width)."""
   dtype = jnp.dtype(dtype)
   return kv_cache_lib.KVCache(
@@ -192,15 +190,15 @@ class MLA(nnx.Module):
                                axis=-1)
     return rotary.apply(x_BLHK)
 
-  def _keys_values(self, latent_BSC, k_rope_BS1K):
-    """Per-head keys [B, S, H, N + K] and values [B, S, H, V] of latents."""
-    kv_BSHX = self.kv_up(latent_BSC)
-    k_nope_BSHN = kv_BSHX[..., :self.nope_dim]
-    v_BSHV = kv_BSHX[..., self.nope_dim:]
+  def _keys_values(self, latent_BSZ, k_rope_BS1K):
+    """Per-head keys [B, S, H, O + K] and values [B, S, H, U] of latents."""
+    kv_BSHx = self.kv_up(latent_BSZ)
+    k_nope_BSHO = kv_BSHx[..., :self.nope_dim]
+    v_BSHU = kv_BSHx[..., self.nope_dim:]
     k_rope_BSHK = jnp.broadcast_to(
-        k_rope_BS1K, (*k_nope_BSHN.shape[:-1], k_rope_BS1K.shape[-1]))
-    return (jnp.concatenate([k_nope_BSHN, k_rope_BSHK.astype(
-        k_nope_BSHN.dtype)], axis=-1), v_BSHV)
+        k_rope_BS1K, (*k_nope_BSHO.shape[:-1], k_rope_BS1K.shape[-1]))
+    return (jnp.concatenate([k_nope_BSHO, k_rope_BSHK.astype(
+        k_nope_BSHO.dtype)], axis=-1), v_BSHU)
 
   def __call__(
       self,
@@ -221,35 +219,35 @@ class MLA(nnx.Module):
     q_names = (axes.BATCH, axes.LENGTH, axes.HEADS, axes.HEAD_DIM)
     kv_names = (axes.BATCH, axes.KV_LENGTH, axes.HEADS, axes.HEAD_DIM)
     if self.query is None:
-      q_BLHX = self.query_up(self.query_norm(self.query_down(x_BLD)))
+      q_BLHx = self.query_up(self.query_norm(self.query_down(x_BLD)))
     else:
-      q_BLHX = self.query(x_BLD)
-    q_BLHX = checkpoint_name(q_BLHX, "query_proj")
-    q_BLHX = jnp.concatenate(
-        [q_BLHX[..., :self.nope_dim],
-         self._rotate(rotary, q_BLHX[..., self.nope_dim:])], axis=-1)
-    q_BLHX = axes.constrain(q_BLHX, q_names)
-    kv_BLX = checkpoint_name(self.kv_down(x_BLD), "key_proj")
-    latent_BLC = self.kv_norm(kv_BLX[..., :self.latent_dim])
-    k_rope_BL1K = self._rotate(rotary, kv_BLX[..., None, self.latent_dim:])
+      q_BLHx = self.query(x_BLD)
+    q_BLHx = checkpoint_name(q_BLHx, "query_proj")
+    q_BLHx = jnp.concatenate(
+        [q_BLHx[..., :self.nope_dim],
+         self._rotate(rotary, q_BLHx[..., self.nope_dim:])], axis=-1)
+    q_BLHx = axes.constrain(q_BLHx, q_names)
+    kv_BLx = checkpoint_name(self.kv_down(x_BLD), "key_proj")
+    latent_BLZ = self.kv_norm(kv_BLx[..., :self.latent_dim])
+    k_rope_BL1K = self._rotate(rotary, kv_BLx[..., None, self.latent_dim:])
     if cache is None:
-      k_BLHX, v_BLHV = self._keys_values(latent_BLC, k_rope_BL1K)
-      o_BLHV = self.kernel(q_BLHX, axes.constrain(k_BLHX, kv_names),
-                           axes.constrain(v_BLHV, kv_names),
+      k_BLHx, v_BLHU = self._keys_values(latent_BLZ, k_rope_BL1K)
+      o_BLHU = self.kernel(q_BLHx, axes.constrain(k_BLHx, kv_names),
+                           axes.constrain(v_BLHU, kv_names),
                            scale=self.scale, segment_ids_BL=segment_ids_BL,
                            logit_softcap=self.logit_softcap)
     else:
       kv_cache_lib.check_decode_args(segment_ids_BL, positions_BL)
-      cache = cache.write(latent_BLC[:, :, None], k_rope_BL1K,
+      cache = cache.write(latent_BLZ[:, :, None], k_rope_BL1K,
                           positions_BL[:, 0])
-      k_BSHX, v_BSHV = self._keys_values(cache.key_BSGK[:, :, 0],
+      k_BSHx, v_BSHU = self._keys_values(cache.key_BSGK[:, :, 0],
                                          cache.value_BSGK)
       mask_BLS = attention_kernels.positions_mask(positions_BL, cache.length)
-      o_BLHV = self.kernel(q_BLHX, axes.constrain(k_BSHX, kv_names),
-                           axes.constrain(v_BSHV, kv_names),
+      o_BLHU = self.kernel(q_BLHx, axes.constrain(k_BSHx, kv_names),
+                           axes.constrain(v_BSHU, kv_names),
                            scale=self.scale, logit_softcap=self.logit_softcap,
                            mask_BLS=mask_BLS)
-    o_BLHV = checkpoint_name(axes.constrain(o_BLHV, q_names),
+    o_BLHU = checkpoint_name(axes.constrain(o_BLHU, q_names),
                              "attention_context")
-    out_BLD = checkpoint_name(self.output(o_BLHV), "out_proj")
+    out_BLD = checkpoint_name(self.output(o_BLHU), "out_proj")
     return out_BLD if cache is None else (out_BLD, cache)

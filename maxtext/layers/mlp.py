@@ -1,6 +1,6 @@
 """Gated MLP: `down(unit(gate(x), up(x)))`, unit e.g. `act(gate) * up`.
 
-Shape key: B batch, L length, D embed dim, F mlp dim.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 
 The hidden activation is constrained to the logical axes (batch, length,
 mlp) and named for remat: "mlp_gate", "mlp_up", "mlp_hidden" and "mlp_out".

@@ -31,8 +31,7 @@ bias is a `RouterBias` variable, not a `nnx.Param`: it lives in the train
 state's `model_state`, out of reach of the gradients, the optimizer and
 its weight decay.
 
-Shape key: B batch, L length, D embed dim, T tokens (B*L), E experts,
-K experts per token, F expert hidden dim.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import dataclasses
@@ -218,15 +217,15 @@ def route(logits_TE: jax.Array, cfg: MoeConfig,
     # Experts of other groups score 0, as in DeepSeek-V3's reference code.
     choice_TE = jnp.where(keep[:, :, None], grouped, 0.0).reshape(
         tokens, experts)
-  _, experts_TK = jax.lax.top_k(choice_TE, cfg.num_experts_per_token)
-  weights_TK = jnp.take_along_axis(scores_TE, experts_TK, axis=-1)
+  _, experts_TA = jax.lax.top_k(choice_TE, cfg.num_experts_per_token)
+  weights_TA = jnp.take_along_axis(scores_TE, experts_TA, axis=-1)
   if cfg.router_normalize:
-    weights_TK = weights_TK / (weights_TK.sum(-1, keepdims=True) + 1e-20)
+    weights_TA = weights_TA / (weights_TA.sum(-1, keepdims=True) + 1e-20)
   probs_TE = scores_TE
   if cfg.router_score == "sigmoid":
     probs_TE = scores_TE / scores_TE.sum(-1, keepdims=True)
-  return moe_experts.Routing(weights_TK * cfg.routed_scaling_factor,
-                             experts_TK.astype(jnp.int32), probs_TE)
+  return moe_experts.Routing(weights_TA * cfg.routed_scaling_factor,
+                             experts_TA.astype(jnp.int32), probs_TE)
 
 
 def load_balance_loss(routing: moe_experts.Routing, num_experts: int,
@@ -235,7 +234,7 @@ def load_balance_loss(routing: moe_experts.Routing, num_experts: int,
   `moe_experts.expert_counts` of the routing when the caller has them."""
   tokens = routing.probs_TE.shape[0]
   if counts_E is None:
-    counts_E = moe_experts.expert_counts(routing.experts_TK, num_experts)
+    counts_E = moe_experts.expert_counts(routing.experts_TA, num_experts)
   fraction_E = counts_E / tokens
   return num_experts * jnp.sum(fraction_E * routing.probs_TE.mean(0))
 
@@ -246,13 +245,13 @@ def router_z_loss(logits_TE: jax.Array) -> jax.Array:
       logits_TE.astype(jnp.float32), axis=-1)))
 
 
-def load_imbalance(load_NE: jax.Array) -> jax.Array:
+def load_imbalance(load_lE: jax.Array) -> jax.Array:
   """Max over mean of the experts' loads [..., E], averaged over the rest.
 
   1 when perfectly balanced, E / k when every token picks the same experts.
   """
-  load_NE = load_NE.astype(jnp.float32)
-  return jnp.mean(load_NE.max(-1) / jnp.maximum(load_NE.mean(-1), 1e-20))
+  load_lE = load_lE.astype(jnp.float32)
+  return jnp.mean(load_lE.max(-1) / jnp.maximum(load_lE.mean(-1), 1e-20))
 
 
 def update_router_bias(bias_E: jax.Array, load_E: jax.Array,
@@ -366,7 +365,7 @@ class MoE(nnx.Module):
     y_BLD = y_TD.reshape(batch, length, dim)
     if self.shared is not None:
       y_BLD = y_BLD + self.shared(x_BLD)
-    load_E = moe_experts.expert_counts(routing.experts_TK, cfg.num_experts)
+    load_E = moe_experts.expert_counts(routing.experts_TA, cfg.num_experts)
     balance = load_balance_loss(routing, cfg.num_experts, load_E)
     z_loss = router_z_loss(logits_TE)
     aux = {
@@ -374,7 +373,7 @@ class MoE(nnx.Module):
                  + cfg.router_z_loss_weight * z_loss),
         "load_balance_loss": balance,
         "router_z_loss": z_loss,
-        "dropped_fraction": dropped / routing.experts_TK.size,
+        "dropped_fraction": dropped / routing.experts_TA.size,
         "expert_load": load_E.astype(jnp.float32),
     }
     return y_BLD.astype(x_BLD.dtype), aux

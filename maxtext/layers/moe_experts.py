@@ -30,14 +30,11 @@ experts over `expert` (size > 1), the dropless path exchanges tokens itself
 tokens, sends each assignment to the shard holding its expert, runs its
 local experts on what it received and sends the results back, with
 `all_to_all` over `expert`. XLA:CPU lacks `ragged_all_to_all`, so the
-exchange uses fixed buffers of S rows per destination shard (a sender's
+exchange uses fixed buffers of Y rows per destination shard (a sender's
 every assignment may go to one shard): nothing is dropped, at the price of
 moving `expert` times more rows than a ragged exchange would.
 
-Shape key: D embed dim, T tokens, E experts, K experts per token, S
-token-expert assignments (T*K), F expert hidden dim, C expert capacity; in
-the token exchange P expert shards, X local experts (E / P), R received
-rows (P * S).
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import dataclasses
@@ -61,20 +58,20 @@ class Routing:
   """A router's decision for T tokens.
 
   Attributes:
-    weights_TK: Weight of each chosen expert in the token's output.
-    experts_TK: The chosen experts (int32).
+    weights_TA: Weight of each chosen expert in the token's output.
+    experts_TA: The chosen experts (int32).
     probs_TE: Router probabilities (scores normalised over the experts),
       for the load-balancing loss.
   """
 
-  weights_TK: jax.Array
-  experts_TK: jax.Array
+  weights_TA: jax.Array
+  experts_TA: jax.Array
   probs_TE: jax.Array
 
 
-def expert_counts(experts_TK: jax.Array, num_experts: int) -> jax.Array:
+def expert_counts(experts_TA: jax.Array, num_experts: int) -> jax.Array:
   """Assignments per expert [E] (int32)."""
-  return jnp.bincount(experts_TK.reshape(-1), length=num_experts).astype(
+  return jnp.bincount(experts_TA.reshape(-1), length=num_experts).astype(
       jnp.int32)
 
 
@@ -118,45 +115,45 @@ class ExpertWeights:
 def dense_experts(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
   """Reference: every expert on every token, one-hot combine."""
   combine_TE = jnp.zeros(routing.probs_TE.shape, x_TD.dtype).at[
-      jnp.arange(x_TD.shape[0])[:, None], routing.experts_TK].add(
-          routing.weights_TK.astype(x_TD.dtype))
+      jnp.arange(x_TD.shape[0])[:, None], routing.experts_TA].add(
+          routing.weights_TA.astype(x_TD.dtype))
   h_TEF = w.hidden(jnp.einsum("td,edf->tef", x_TD, w.gate_EDF),
                    jnp.einsum("td,edf->tef", x_TD, w.up_EDF), None)
   y_TED = w.output(jnp.einsum("tef,efd->ted", h_TEF, w.down_EFD), None)
   return jnp.einsum("ted,te->td", y_TED, combine_TE)
 
 
-def grouped_experts(x_SD, expert_S, sizes_E, w: ExpertWeights) -> jax.Array:
+def grouped_experts(x_YD, expert_Y, sizes_E, w: ExpertWeights) -> jax.Array:
   """Rows sorted by expert (`sizes_E[e]` rows of expert e, in order, then
   any padding rows) through their experts' MLPs (grouped matmuls,
   `maxtext.kernels.gmm`: megablox on TPU, `ragged_dot` elsewhere)."""
-  h_SF = w.hidden(gmm.grouped_matmul(x_SD, w.gate_EDF, sizes_E),
-                  gmm.grouped_matmul(x_SD, w.up_EDF, sizes_E), expert_S)
-  return w.output(gmm.grouped_matmul(h_SF, w.down_EFD, sizes_E), expert_S)
+  h_YF = w.hidden(gmm.grouped_matmul(x_YD, w.gate_EDF, sizes_E),
+                  gmm.grouped_matmul(x_YD, w.up_EDF, sizes_E), expert_Y)
+  return w.output(gmm.grouped_matmul(h_YF, w.down_EFD, sizes_E), expert_Y)
 
 
 def _sort_by_expert(routing: Routing, num_experts: int):
-  """(order, expert_S, sizes_E): the T*K assignments sorted by expert."""
-  flat_experts = routing.experts_TK.reshape(-1)
+  """(order, expert_Y, sizes_E): the T*A assignments sorted by expert."""
+  flat_experts = routing.experts_TA.reshape(-1)
   order = jnp.argsort(flat_experts, stable=True)
   return (order, flat_experts[order],
           expert_counts(flat_experts, num_experts))
 
 
-def _combine(y_SD, routing: Routing, order, tokens: int) -> jax.Array:
+def _combine(y_YD, routing: Routing, order, tokens: int) -> jax.Array:
   """Each token's sum of its sorted assignments' outputs times weights."""
-  k = routing.experts_TK.shape[1]
-  weights_S = routing.weights_TK.reshape(-1)[order].astype(y_SD.dtype)
-  return jnp.zeros((tokens, y_SD.shape[-1]), y_SD.dtype).at[order // k].add(
-      y_SD * weights_S[:, None])
+  k = routing.experts_TA.shape[1]
+  weights_Y = routing.weights_TA.reshape(-1)[order].astype(y_YD.dtype)
+  return jnp.zeros((tokens, y_YD.shape[-1]), y_YD.dtype).at[order // k].add(
+      y_YD * weights_Y[:, None])
 
 
 def dropless_experts(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
   """Tokens sorted by expert through grouped matmuls (`ragged_dot`)."""
-  k = routing.experts_TK.shape[1]
-  order, expert_S, sizes_E = _sort_by_expert(routing, w.gate_EDF.shape[0])
-  y_SD = grouped_experts(x_TD[order // k], expert_S, sizes_E, w)
-  return _combine(y_SD, routing, order, x_TD.shape[0])
+  k = routing.experts_TA.shape[1]
+  order, expert_Y, sizes_E = _sort_by_expert(routing, w.gate_EDF.shape[0])
+  y_YD = grouped_experts(x_TD[order // k], expert_Y, sizes_E, w)
+  return _combine(y_YD, routing, order, x_TD.shape[0])
 
 
 def expert_parallel_rules(num_experts: int, tokens: int):
@@ -190,15 +187,15 @@ def expert_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
             if isinstance(value, jax.Array)}  # Each [E, ...].
   expert_spec = jax.sharding.PartitionSpec(EXPERT_AXIS)
 
-  def exchange(x_TD, experts_TK, weights_TK, local_arrays):
+  def exchange(x_TD, experts_TA, weights_TA, local_arrays):
     return _exchange_tokens(
-        x_TD, Routing(weights_TK, experts_TK, None),
+        x_TD, Routing(weights_TA, experts_TA, None),
         dataclasses.replace(w, **local_arrays), rules.mesh.shape[EXPERT_AXIS])
 
   return jax.shard_map(
       exchange, mesh=rules.mesh,
       in_specs=(tokens_spec, tokens_spec, tokens_spec, expert_spec),
-      out_specs=tokens_spec)(x_TD, routing.experts_TK, routing.weights_TK,
+      out_specs=tokens_spec)(x_TD, routing.experts_TA, routing.weights_TA,
                              arrays)
 
 
@@ -207,37 +204,37 @@ def _exchange_tokens(x_TD, routing: Routing, w: ExpertWeights,
   """One shard's part of `expert_parallel_dropless` (inside shard_map).
 
   `w` holds this shard's `local` experts, global ids `index * local` on.
-  The all-to-all buffers are fixed-size: each shard may receive up to S
+  The all-to-all buffers are fixed-size: each shard may receive up to Y
   rows (all of a sender's assignments) from each of the `shards` senders,
   so nothing is dropped (XLA:CPU has no ragged-all-to-all).
   """
-  tokens, k = routing.experts_TK.shape
+  tokens, k = routing.experts_TA.shape
   rows, local = tokens * k, w.gate_EDF.shape[0]
-  order, expert_S, sizes_E = _sort_by_expert(routing, local * shards)
+  order, expert_Y, sizes_E = _sort_by_expert(routing, local * shards)
   # Send: shard p's rows (of its experts) go to buffer row p, from slot 0.
-  dest_S = expert_S // local
-  send_P = sizes_E.reshape(shards, local).sum(1)
-  slot_S = jnp.arange(rows) - (jnp.cumsum(send_P) - send_P)[dest_S]
-  send_PSD = jnp.zeros((shards, rows, x_TD.shape[-1]), x_TD.dtype).at[
-      dest_S, slot_S].set(x_TD[order // k])
-  recv_PSD = jax.lax.all_to_all(send_PSD, EXPERT_AXIS, 0, 0)
+  dest_Y = expert_Y // local
+  send_W = sizes_E.reshape(shards, local).sum(1)
+  slot_Y = jnp.arange(rows) - (jnp.cumsum(send_W) - send_W)[dest_Y]
+  send_WYD = jnp.zeros((shards, rows, x_TD.shape[-1]), x_TD.dtype).at[
+      dest_Y, slot_Y].set(x_TD[order // k])
+  recv_WYD = jax.lax.all_to_all(send_WYD, EXPERT_AXIS, 0, 0)
   # Sender p's rows for this shard, sorted by (local) expert; then padding.
-  all_sizes_PE = jax.lax.all_gather(sizes_E, EXPERT_AXIS)
-  recv_sizes_PX = jax.lax.dynamic_slice_in_dim(
-      all_sizes_PE, jax.lax.axis_index(EXPERT_AXIS) * local, local, axis=1)
-  ends_PX = jnp.cumsum(recv_sizes_PX, axis=1)
+  all_sizes_WE = jax.lax.all_gather(sizes_E, EXPERT_AXIS)
+  recv_sizes_WX = jax.lax.dynamic_slice_in_dim(
+      all_sizes_WE, jax.lax.axis_index(EXPERT_AXIS) * local, local, axis=1)
+  ends_WX = jnp.cumsum(recv_sizes_WX, axis=1)
   # Local expert of each received row; `local` marks padding.
-  expert_R = jnp.sum(jnp.arange(rows)[None, :, None] >= ends_PX[:, None, :],
+  expert_J = jnp.sum(jnp.arange(rows)[None, :, None] >= ends_WX[:, None, :],
                      axis=-1).reshape(-1)
-  recv_order = jnp.argsort(expert_R, stable=True)
+  recv_order = jnp.argsort(expert_J, stable=True)
   # Padding rows (zeros, results unused) read the last expert's biases.
-  y_RD = grouped_experts(
-      recv_PSD.reshape(shards * rows, -1)[recv_order],
-      jnp.minimum(expert_R[recv_order], local - 1), recv_sizes_PX.sum(0), w)
-  y_PSD = jnp.zeros_like(y_RD).at[recv_order].set(y_RD).reshape(
+  y_JD = grouped_experts(
+      recv_WYD.reshape(shards * rows, -1)[recv_order],
+      jnp.minimum(expert_J[recv_order], local - 1), recv_sizes_WX.sum(0), w)
+  y_WYD = jnp.zeros_like(y_JD).at[recv_order].set(y_JD).reshape(
       shards, rows, -1)
-  back_PSD = jax.lax.all_to_all(y_PSD, EXPERT_AXIS, 0, 0)
-  return _combine(back_PSD[dest_S, slot_S], routing, order, tokens)
+  back_WYD = jax.lax.all_to_all(y_WYD, EXPERT_AXIS, 0, 0)
+  return _combine(back_WYD[dest_Y, slot_Y], routing, order, tokens)
 
 
 def capacity_experts(x_TD, routing: Routing, w: ExpertWeights,
@@ -247,17 +244,17 @@ def capacity_experts(x_TD, routing: Routing, w: ExpertWeights,
   Assignments fill their expert's `slots` in token order (a token's k
   choices in rank order); later ones are dropped.
   """
-  tokens, k = routing.experts_TK.shape
+  tokens, k = routing.experts_TA.shape
   num_experts = w.gate_EDF.shape[0]
-  flat_experts = routing.experts_TK.reshape(-1)
-  one_hot_SE = jax.nn.one_hot(flat_experts, num_experts, dtype=jnp.int32)
-  slot_S = jnp.sum((jnp.cumsum(one_hot_SE, axis=0) - 1) * one_hot_SE, -1)
-  kept_S = slot_S < slots
+  flat_experts = routing.experts_TA.reshape(-1)
+  one_hot_YE = jax.nn.one_hot(flat_experts, num_experts, dtype=jnp.int32)
+  slot_Y = jnp.sum((jnp.cumsum(one_hot_YE, axis=0) - 1) * one_hot_YE, -1)
+  kept_Y = slot_Y < slots
   # Dropped assignments write out of bounds (dropped) and read zeros.
-  slot_S = jnp.where(kept_S, slot_S, slots)
+  slot_Y = jnp.where(kept_Y, slot_Y, slots)
   token_of = jnp.arange(tokens * k) // k
   x_ECD = jnp.zeros((num_experts, slots, x_TD.shape[-1]), x_TD.dtype).at[
-      flat_experts, slot_S].set(x_TD[token_of], mode="drop")
+      flat_experts, slot_Y].set(x_TD[token_of], mode="drop")
   x_ECD = axes.constrain(x_ECD, _DISPATCHED)
   per_expert = (slice(None), None)  # Biases [E, 1, F or D].
   h_ECF = w.hidden(jnp.einsum("ecd,edf->ecf", x_ECD, w.gate_EDF),
@@ -265,8 +262,8 @@ def capacity_experts(x_TD, routing: Routing, w: ExpertWeights,
   y_ECD = axes.constrain(
       w.output(jnp.einsum("ecf,efd->ecd", h_ECF, w.down_EFD), per_expert),
       _DISPATCHED)
-  y_SD = y_ECD.at[flat_experts, slot_S].get(mode="fill", fill_value=0)
-  weights_S = routing.weights_TK.reshape(-1).astype(y_SD.dtype)
-  y_TD = jnp.zeros_like(x_TD, dtype=y_SD.dtype).at[token_of].add(
-      y_SD * weights_S[:, None])
-  return y_TD, jnp.sum(~kept_S)
+  y_YD = y_ECD.at[flat_experts, slot_Y].get(mode="fill", fill_value=0)
+  weights_Y = routing.weights_TA.reshape(-1).astype(y_YD.dtype)
+  y_TD = jnp.zeros_like(x_TD, dtype=y_YD.dtype).at[token_of].add(
+      y_YD * weights_Y[:, None])
+  return y_TD, jnp.sum(~kept_Y)

@@ -97,8 +97,8 @@ class RouteTest(parameterized.TestCase):
     logits = np.random.RandomState(0).normal(size=(10, 4)).astype(np.float32)
     routing = moe.route(jnp.asarray(logits), cfg)
     weights, experts = _numpy_route(logits, 2, normalize=normalize)
-    np.testing.assert_array_equal(routing.experts_TK, experts)
-    np.testing.assert_allclose(routing.weights_TK, weights, rtol=1e-6)
+    np.testing.assert_array_equal(routing.experts_TA, experts)
+    np.testing.assert_allclose(routing.weights_TA, weights, rtol=1e-6)
 
   def test_sigmoid_bias_groups_scaling(self):
     cfg = dataclasses.replace(
@@ -111,11 +111,11 @@ class RouteTest(parameterized.TestCase):
     routing = moe.route(jnp.asarray(logits), cfg, jnp.asarray(bias))
     weights, experts = _numpy_route(logits, 3, sigmoid=True, bias=bias,
                                     groups=4, groups_per_token=2, scale=2.5)
-    np.testing.assert_array_equal(routing.experts_TK, experts)
-    np.testing.assert_allclose(routing.weights_TK, weights, rtol=1e-5)
+    np.testing.assert_array_equal(routing.experts_TA, experts)
+    np.testing.assert_allclose(routing.weights_TA, weights, rtol=1e-5)
     # The bias changes the choice but not the weights' source: the scores.
     unbiased = moe.route(jnp.asarray(logits), cfg)
-    self.assertFalse(np.array_equal(unbiased.experts_TK, routing.experts_TK))
+    self.assertFalse(np.array_equal(unbiased.experts_TA, routing.experts_TA))
 
 
 class LossesTest(absltest.TestCase):

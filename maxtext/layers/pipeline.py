@@ -1,15 +1,15 @@
 """Pipeline parallelism: GPipe and circular schedules over `stage`, plain JAX.
 
-The layers are split into S * R consecutive chunks and the batch into M
-microbatches. Stage s holds chunks s, s + S, ..., s + (R - 1) S: their
-parameters are stacked as [S, R, ...], the stage axis sharded over the
-`stage` mesh axis. A microbatch passes through the stages R times ("circular"
-or interleaved schedule, as in praxis and MaxText); R = 1 is GPipe, each
-stage holding one chunk of consecutive layers.
+The layers are split into g * r consecutive chunks (g stages, r repeats)
+and the batch into M microbatches. Stage s holds chunks s, s + g, ...,
+s + (r - 1) g: their parameters are stacked as [g, r, ...], the stage axis
+sharded over the `stage` mesh axis. A microbatch passes through the stages r
+times ("circular" or interleaved schedule, as in praxis and MaxText); r = 1
+is GPipe, each stage holding one chunk of consecutive layers.
 
-Work items k = 0 .. R M - 1 enter stage 0 in order: item k is microbatch
+Work items k = 0 .. r M - 1 enter stage 0 in order: item k is microbatch
 k % M on its pass k // M. A state buffer holds one item per stage. Each of
-the R M + S - 1 iterations t of a `lax.scan`
+the r M + g - 1 iterations t of a `lax.scan`
   1. puts item t into stage 0's slot (microbatch t % M: the input on the
      first pass, later what the last stage left in its slot of the
      microbatch buffer),
@@ -21,9 +21,9 @@ the R M + S - 1 iterations t of a `lax.scan`
   4. rotates the state buffer by one stage (`jnp.roll`: a collective
      permute between neighbouring stages; the last stage's result reaches
      stage 0 only through the microbatch buffer).
-Item k leaves the last stage at iteration k + S - 1 and comes back to stage
-0 as item k + M at iteration k + M, so R > 1 needs M >= S. Slots outside
-0 <= t - s < R M (the bubble, (S - 1) / (R M + S - 1) of the work) hold
+Item k leaves the last stage at iteration k + g - 1 and comes back to stage
+0 as item k + M at iteration k + M, so r > 1 needs M >= g. Slots outside
+0 <= t - s < r M (the bubble, (g - 1) / (r M + g - 1) of the work) hold
 values that never reach the outputs, so they add nothing to the gradients.
 Differentiating the scan gives the backward pass in reverse order.
 
@@ -35,8 +35,7 @@ rows first.
 parameters and outputs are those of the model without it), so it is not in
 `ModelConfig`; `maxtext.models.execution` checks it against the model.
 
-Shape key: S stages, R repeats (passes), M microbatches, B batch rows, b rows
-of a microbatch.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 from collections.abc import Callable
@@ -122,15 +121,15 @@ def merge_microbatches(tree: Any) -> Any:
 
 def circular(stage_fn: Callable[[Any, Any], Any], stage_params: Any,
              inputs_M: Any, *, names: Any) -> Any:
-  """Runs microbatches through chunk S R - 1(...chunk 1(chunk 0(x))).
+  """Runs microbatches through chunk g r - 1(...chunk 1(chunk 0(x))).
 
-  Chunk c is stage c % S's chunk for pass c // S.
+  Chunk c is stage c % g's chunk for pass c // g.
 
   Args:
     stage_fn: `stage_fn(params, x) -> y`, one chunk on one microbatch; `y`
       has the structure, shapes and dtypes of `x`.
-    stage_params: Parameters of every chunk, each leaf [S, R, ...]: [s, r]
-      is chunk r S + s. Any per-chunk data (e.g. each layer's attention
+    stage_params: Parameters of every chunk, each leaf [g, r, ...]: [s, i]
+      is chunk i g + s. Any per-chunk data (e.g. each layer's attention
       window) can ride along.
     inputs_M: Microbatches, each leaf [M, b, ...].
     names: Logical axis names of one microbatch's leaves (a pytree of
@@ -141,7 +140,7 @@ def circular(stage_fn: Callable[[Any, Any], Any], stage_params: Any,
     The last chunk's outputs, each leaf [M, b, ...].
 
   Raises:
-    ValueError: R > 1 with fewer microbatches than stages.
+    ValueError: r > 1 with fewer microbatches than stages.
   """
   num_stages, num_repeats = jax.tree.leaves(stage_params)[0].shape[:2]
   num_microbatches = jax.tree.leaves(inputs_M)[0].shape[0]
@@ -152,42 +151,42 @@ def circular(stage_fn: Callable[[Any, Any], Any], stage_params: Any,
         f" (with {num_repeats} repeats); set pipeline.microbatches to"
         f" {num_stages} or more, or 0 for one per stage.")
 
-  def constrain(tree_S):
-    # `tree_S` is a prefix of `names`: each array meets its tuple of names.
-    return jax.tree.map(lambda x_S, n: axes.constrain(x_S, (STAGE, *n)),
-                        tree_S, names)
+  def constrain(tree_g):
+    # `tree_g` is a prefix of `names`: each array meets its tuple of names.
+    return jax.tree.map(lambda x_g, n: axes.constrain(x_g, (STAGE, *n)),
+                        tree_g, names)
 
-  def run_stage(params_R, repeat, x):
+  def run_stage(params_r, repeat, x):
     return stage_fn(jax.tree.map(
-        lambda p_R: jax.lax.dynamic_index_in_dim(p_R, repeat, keepdims=False),
-        params_R), x)
+        lambda p_r: jax.lax.dynamic_index_in_dim(p_r, repeat, keepdims=False),
+        params_r), x)
 
   def step(carry, t):
-    state_S, buffer_M = carry
+    state_g, buffer_M = carry
     new = jax.tree.map(
         lambda x_M: jax.lax.dynamic_index_in_dim(
             x_M, t % num_microbatches, keepdims=False), buffer_M)
-    state_S = constrain(jax.tree.map(lambda s, x: s.at[0].set(x),
-                                     state_S, new))
+    state_g = constrain(jax.tree.map(lambda s, x: s.at[0].set(x),
+                                     state_g, new))
     # Stage s works on item t - s; bubble items take any valid pass.
-    repeat_S = jnp.clip((t - jnp.arange(num_stages)) // num_microbatches,
+    repeat_g = jnp.clip((t - jnp.arange(num_stages)) // num_microbatches,
                         0, num_repeats - 1)
-    out_S = constrain(jax.vmap(run_stage, spmd_axis_name=STAGE)(
-        stage_params, repeat_S, state_S))
-    # The last stage finished item t - (S - 1); before that it only held
+    out_g = constrain(jax.vmap(run_stage, spmd_axis_name=STAGE)(
+        stage_params, repeat_g, state_g))
+    # The last stage finished item t - (g - 1); before that it only held
     # bubble values, written to slot 0 and overwritten by item 0 before
     # stage 0 reads that slot again.
     done = jnp.maximum(t - (num_stages - 1), 0) % num_microbatches
     buffer_M = jax.tree.map(
-        lambda o_M, y_S: jax.lax.dynamic_update_index_in_dim(
-            o_M, y_S[-1], done, 0), buffer_M, out_S)
-    return (jax.tree.map(lambda y_S: jnp.roll(y_S, 1, axis=0), out_S),
+        lambda o_M, y_g: jax.lax.dynamic_update_index_in_dim(
+            o_M, y_g[-1], done, 0), buffer_M, out_g)
+    return (jax.tree.map(lambda y_g: jnp.roll(y_g, 1, axis=0), out_g),
             buffer_M), None
 
-  state_S = jax.tree.map(
+  state_g = jax.tree.map(
       lambda x_M: jnp.zeros((num_stages, *x_M.shape[1:]), x_M.dtype),
       inputs_M)
   (_, outputs_M), _ = jax.lax.scan(
-      step, (state_S, inputs_M),
+      step, (state_g, inputs_M),
       jnp.arange(num_repeats * num_microbatches + num_stages - 1))
   return outputs_M

@@ -7,7 +7,7 @@ rotation counts `beta_fast`/`beta_slow`, plus an attention factor that
 multiplies the cosines and sines; DeepSeek-V3, GPT-OSS). Local (sliding window) layers use plain rotary
 embeddings with their own base; global layers use the configured scaling.
 
-Shape key: B batch, L length, H heads, K head dim, k = K // 2.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import dataclasses

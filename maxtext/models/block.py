@@ -3,7 +3,7 @@ optional post-norms), built for its layer kind
 (`maxtext.common.layer_pattern`), and how the decoder runs one
 (`block_runner`: rotary per window and head size, KV cache or remat policy).
 
-Shape key: B batch, L length, D embed dim.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import jax

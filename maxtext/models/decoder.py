@@ -24,10 +24,10 @@ How the model runs, apart from what it is (`maxtext.models.execution`:
 attention kernel, pipeline, remat), comes as `execution=`; it changes
 neither the parameters nor the outputs.
 
-Pipeline parallelism (`execution.pipeline.stages` = S > 1, training only, a
-model of one layer kind): the stacked layers are cut into S * R chunks (R =
-`pipeline.repeats`) viewed as [S, R, layers per chunk], chunk r S + s at
-[s, r], and run as a GPipe (R = 1) or circular (R > 1) schedule over
+Pipeline parallelism (`execution.pipeline.stages` = g > 1, training only, a
+model of one layer kind): the stacked layers are cut into g * r chunks (r =
+`pipeline.repeats`) viewed as [g, r, layers per chunk], chunk i g + s at
+[s, i], and run as a GPipe (r = 1) or circular (r > 1) schedule over
 `pipeline.microbatches` slices of the batch (`maxtext.layers.pipeline`);
 each row's positions and segment ids travel with it through the stages. The
 leading "layers" axis is sharded over the `stage` mesh axis in contiguous
@@ -88,7 +88,7 @@ The code is split by concern: a layer (`Block`) and how one runs
 (`maxtext.models.block`), a stack of layers scanned or pipelined
 (`maxtext.models.layer_stack`), and here the model around them.
 
-Shape key: B batch, L length, D embed dim, V vocab.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import jax
@@ -298,11 +298,11 @@ class Decoder(nnx.Module):
     return [kind.name for kind in layer_pattern.kinds(self.cfg)
             if kind.experts]
 
-  def update_router_bias(self, expert_load_NE: jax.Array) -> None:
-    """Moves the experts' router bias against `expert_load_NE` (in place).
+  def update_router_bias(self, expert_load_lE: jax.Array) -> None:
+    """Moves the experts' router bias against `expert_load_lE` (in place).
 
     Args:
-      expert_load_NE: Each expert layer's loads, as sown ("expert_load",
+      expert_load_lE: Each expert layer's loads, as sown ("expert_load",
         [expert layers, experts]). A no-op without router bias or with
         `cfg.moe.router_bias_update_rate` 0.
     """
@@ -315,12 +315,12 @@ class Decoder(nnx.Module):
     for name in self._expert_kinds():
       blocks = getattr(self, name)
       count = counts[name]
-      loads_NE = expert_load_NE[start:start + count]
+      loads_lE = expert_load_lE[start:start + count]
       start += count
       if self.cfg.scan_layers:
         bias = blocks.moe.router_bias
-        bias[...] = moe.update_router_bias(bias[...], loads_NE, rate)
+        bias[...] = moe.update_router_bias(bias[...], loads_lE, rate)
         continue
-      for block, load_E in zip(blocks, loads_NE, strict=True):
+      for block, load_E in zip(blocks, loads_lE, strict=True):
         bias = block.moe.router_bias
         bias[...] = moe.update_router_bias(bias[...], load_E, rate)

@@ -3,7 +3,7 @@ over layers or as a list, run in layer order as scans over the runs of a
 repeating pattern (`maxtext.common.layer_pattern`), or as pipeline stages
 (`pipeline_blocks`); see `maxtext.models.decoder` for the layouts.
 
-Shape key: B batch, L length, D embed dim.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import collections
@@ -135,20 +135,20 @@ def pipeline_blocks(cfg: ModelConfig, execution: execution_lib.Execution,
   chunk_pattern = pattern[:chunk]
   distinct = tuple(dict.fromkeys(pattern))
   if pattern == chunk_pattern * (stages * repeats):
-    layer_ids_SRC = None  # Every chunk has the same pattern: static layers.
+    layer_ids_grl = None  # Every chunk has the same pattern: static layers.
   else:
     # Each layer (its window) as data: an index into the distinct layers.
-    layer_ids_SRC = jnp.asarray(
+    layer_ids_grl = jnp.asarray(
         [distinct.index(layer) for layer in pattern], jnp.int32
     ).reshape(repeats, stages, chunk).swapaxes(0, 1)
 
   def stage_fn(params, microbatch):
-    state, layer_ids_C = params
+    state, layer_ids_l = params
     x_BLD, positions_BL, segment_ids_BL = microbatch
     run_block = block_lib.block_runner(cfg, distinct, positions_BL,
                                        segment_ids_BL, cached=False,
                                        remat_config=execution.remat)
-    if layer_ids_C is None:
+    if layer_ids_l is None:
       x_BLD, _, _ = scan_layers({name: graphdef}, {name: state}, chunk_pattern,
                                 x_BLD, run_block, None)
     else:
@@ -157,7 +157,7 @@ def pipeline_blocks(cfg: ModelConfig, execution: execution_lib.Execution,
         return _switch_layer(run_block, nnx.merge(graphdef, layer_state),
                              x_BLD, distinct, layer_id), None
 
-      x_BLD, _ = jax.lax.scan(layer_step, x_BLD, (state, layer_ids_C))
+      x_BLD, _ = jax.lax.scan(layer_step, x_BLD, (state, layer_ids_l))
     return x_BLD, positions_BL, segment_ids_BL
 
   microbatches = execution.pipeline.microbatches or stages
@@ -165,17 +165,17 @@ def pipeline_blocks(cfg: ModelConfig, execution: execution_lib.Execution,
       (x_BLD, positions_BL, segment_ids_BL), microbatches)
   row_names = (axes.BATCH, axes.LENGTH)
   x_BLD, _, _ = pipeline.merge_microbatches(pipeline.circular(
-      stage_fn, (stage_state, layer_ids_SRC), inputs,
+      stage_fn, (stage_state, layer_ids_grl), inputs,
       names=(block_lib.RESIDUAL, row_names,
              None if segment_ids_BL is None else row_names)))
   return axes.constrain(x_BLD, block_lib.RESIDUAL)
 
 
 def _chunks_by_stage(stacked, stages: int, repeats: int):
-  """Stacked layer state [L, ...] as [S, R, C, ...]: layer (r S + s) C + l
-  at [s, r, l], stage s's chunk for pass r.
+  """Stacked layer state [l, ...] as [g, r, l / (g r), ...]: layer
+  (i g + s) C + j at [s, i, j], stage s's chunk (of C layers) for pass i.
 
-  Both ends keep the parameter layout (S over `stage`) under
+  Both ends keep the parameter layout (g over `stage`) under
   `axes.activation_sharding`, so XLA moves each stage's chunks to it, and
   their gradients back, with one all-to-all (without the first constraint
   the gradients come back all-gathered) and the schedule's loop never moves
@@ -191,8 +191,8 @@ def _chunks_by_stage(stacked, stages: int, repeats: int):
 
   def to_stages(a, names):
     names = tuple(names)
-    a_RSC = layout(a, names).reshape(repeats, stages, -1, *a.shape[1:])
-    return layout(a_RSC.swapaxes(0, 1), (axes.LAYERS, None, None, *names[1:]))
+    a_rgl = layout(a, names).reshape(repeats, stages, -1, *a.shape[1:])
+    return layout(a_rgl.swapaxes(0, 1), (axes.LAYERS, None, None, *names[1:]))
 
   # Under `nnx.capture` the blocks also hold the capture's (empty)
   # intermediates, which have no partition spec: they stay as they are.

@@ -18,7 +18,7 @@ step collects them with `nnx.capture` and adds `mtp_loss_weight` times the
 mean over depths of each depth's cross-entropy against `mtp_targets` to the
 objective (`train/mtp_loss`).
 
-Shape key: B batch, L length, D embed dim, V vocab.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 from collections.abc import Callable, Sequence

@@ -33,8 +33,9 @@ class GuardState(NamedTuple):
 
   Attributes:
     inner_state: The wrapped optimizer's state.
-    recent: float32 [W, 2], loss and gradient norm of the last W accepted
-      updates (a ring buffer; slot `num_accepted % W` is written next).
+    recent: float32 [W, 2] (W = `spike_window`, not a shape-key letter),
+      loss and gradient norm of the last W accepted updates (a ring buffer;
+      slot `num_accepted % W` is written next).
     num_accepted: Updates applied so far (int32).
     num_skipped: Updates skipped so far (int32).
     skipped: Whether the last update was skipped (bool).

@@ -24,7 +24,7 @@ Decoding with Tunix's KV cache is not supported (generation goes through
 `maxtext.inference.generate` on the exported checkpoint): a cache argument
 is an error.
 
-Shape key: B batch, L length, V vocab.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import jax

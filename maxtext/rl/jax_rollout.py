@@ -18,7 +18,7 @@ tokenizer, the rollout mesh and the rollout config:
   the rollout shares the trainer's mesh (then the rollout model is the
   policy itself); otherwise resharded onto the rollout mesh.
 
-Shape key: B batch, P prompt length, T completion length.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import time

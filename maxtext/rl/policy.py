@@ -13,7 +13,7 @@ mask as `TunixModel` does.
 `RlTokenizer` gives our tokenizers the methods Tunix's `TokenizerAdapter`
 calls (`encode`, `decode`, `bos_id()`, `eos_id()`, `pad_id()`).
 
-Shape key: B batch, L length, V vocab.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 from flax import nnx

@@ -9,7 +9,7 @@ temperature (as the learner scores them). An engine sets `self._policy`
 `TokenizerAdapter`), `self._config` (the rollout config) and `self.mesh`
 (None or the mesh the policy lives on).
 
-Shape key: B batch, P prompt length, C completion length.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 from typing import Any
@@ -45,11 +45,11 @@ class PolicyRollout(base_rollout.BaseRollout):
   def _left_padded(self, prompt_ids: list[list[int]],
                    max_prompt: int) -> np.ndarray:
     """The prompts left-padded with the padding id, [B, max_prompt]."""
-    prompts_BP = np.full((len(prompt_ids), max_prompt), self.pad_id(),
+    prompts_BL = np.full((len(prompt_ids), max_prompt), self.pad_id(),
                          np.int32)
     for row, ids in enumerate(prompt_ids):
-      prompts_BP[row, max_prompt - len(ids):] = ids
-    return prompts_BP
+      prompts_BL[row, max_prompt - len(ids):] = ids
+    return prompts_BL
 
   def _text(self, token_ids: list[int], stop_ids) -> str:
     """The text of a completion, without its stop token."""

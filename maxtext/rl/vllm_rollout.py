@@ -28,7 +28,7 @@ its attention needs a head_dim in {32, 64, 80, 96, 112, 128, ...}, and
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` (set before vLLM is imported) keeps the
 engine in this process and shortens start-up.
 
-Shape key: B batch, P prompt length, C completion length.
+Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import functools

@@ -143,12 +143,12 @@ def train_step(state: TrainState,
     metrics["train/mtp_loss"] = moe_stats.pop("mtp_loss")
   model_state = state.model_state
   if moe_stats:  # Static: the model has experts.
-    expert_load_NE = moe_stats.pop("expert_load")
+    expert_load_lE = moe_stats.pop("expert_load")
     metrics.update({f"moe/{name}": value
                     for name, value in moe_stats.items()})
-    metrics["moe/load_imbalance"] = moe.load_imbalance(expert_load_NE)
+    metrics["moe/load_imbalance"] = moe.load_imbalance(expert_load_lE)
     model = state.model()
-    model.update_router_bias(expert_load_NE)
+    model.update_router_bias(expert_load_lE)
     model_state = train_state_lib.split_model(model)[2]
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state, model_state=model_state)

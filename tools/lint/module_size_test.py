@@ -4,14 +4,21 @@ layer reads the whole model config.
 One concept per module: a module past the limit is split by concern (see
 `../shared/STYLE.md`), not allowed to grow. A layer receives its own part
 of the model config (`maxtext.common.model_config.PARTS`), so no module in
-`maxtext/layers/` imports `ModelConfig`. The modules are this test's
+`maxtext/layers/` imports `ModelConfig`. Tensors' shape suffixes use the
+letters of the one shape key, `maxtext.common.axes.SHAPE_KEY`, and no
+module keeps a key of its own. The modules are this test's
 data (each maxtext package's `py_srcs` filegroup, tests excluded), so the
 test reruns whenever one changes.
 """
 
+import io
 import os
+import re
+import tokenize
 
 from absl.testing import absltest
+
+from maxtext.common import axes
 
 MAX_LINES = 450
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -51,6 +58,23 @@ class ModuleSizeTest(absltest.TestCase):
           if "maxtext.common.model_config" in f.read():
             importers.append(name)
     self.assertEqual(importers, [], "layers take their own config part")
+
+  def test_shape_suffixes_use_the_one_shape_key(self):
+    # A suffix: after the last underscore, letters (and 1) with at least
+    # one capital (`q_BLHK`, `cos_BLk`); names in code, not in strings.
+    suffix = re.compile(r"^[a-z][a-z0-9_]*_([A-Za-z1]*[A-Z][A-Za-z1]*)$")
+    unknown, own_keys = {}, []
+    for name, path in sorted(_modules(_RUNFILES_ROOT).items()):
+      with open(path, encoding="utf-8") as f:
+        source = f.read()
+      if re.search(r"^Shape key:", source, re.M):
+        own_keys.append(name)
+      for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        match = token.type == tokenize.NAME and suffix.match(token.string)
+        if match and set(match.group(1)) - set(axes.SHAPE_KEY):
+          unknown.setdefault(name, set()).add(token.string)
+    self.assertEqual(unknown, {}, "letters not in axes.SHAPE_KEY")
+    self.assertEqual(own_keys, [], "name axes.SHAPE_KEY, not a key of its own")
 
   def test_every_package_is_in_the_data(self):
     # The source tree, where the runfiles link to: a package without a
