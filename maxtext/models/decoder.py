@@ -24,8 +24,8 @@ How the model runs, apart from what it is (`maxtext.models.execution`:
 attention kernel, pipeline, remat), comes as `execution=`; it changes
 neither the parameters nor the outputs.
 
-Pipeline parallelism (`execution.pipeline.stages` = g > 1, training only, a
-model of one layer kind): the stacked layers are cut into g * r chunks (r =
+Pipeline parallelism (`execution.pipeline.stages` = g > 1, training only,
+no experts): each kind's stacked layers are cut into g * r chunks (r =
 `pipeline.repeats`) viewed as [g, r, layers per chunk], chunk i g + s at
 [s, i], and run as a GPipe (r = 1) or circular (r > 1) schedule over
 `pipeline.microbatches` slices of the batch (`maxtext.layers.pipeline`);
@@ -33,8 +33,9 @@ each row's positions and segment ids travel with it through the stages. The
 leading "layers" axis is sharded over the `stage` mesh axis in contiguous
 blocks, so for R = 1 the view is free; for R > 1 it moves each stage's chunks
 to it once per call (an all-to-all over `stage`, outside the schedule's loop).
-When every chunk has the same local/global pattern, a chunk runs as above;
-otherwise each layer's window is data indexed by stage and pass, and the layer
+When every chunk has the same layers (kinds and windows), a chunk runs as
+above, each kind from its own stack; a model of several kinds needs that.
+Otherwise (one kind) each layer's window is data indexed by stage and pass, and the layer
 switches between the distinct windows (under the vmap over stages every branch
 is computed, so such layers cost about one block per distinct window: prefer
 stage and repeat counts that give every chunk the same pattern). With a KV
@@ -217,9 +218,9 @@ class Decoder(nnx.Module):
                                       tokens_BL.shape)
     x_BLD = axes.constrain(self.embedder(tokens_BL), block_lib.RESIDUAL)
     if self.execution.pipeline.stages > 1 and cache is None:
-      x_BLD = layer_stack.pipeline_blocks(cfg, self.execution, self.blocks,
-                                          x_BLD, positions_BL, segment_ids_BL,
-                                          self.pattern)
+      x_BLD = layer_stack.pipeline_blocks(cfg, self.execution,
+                                          self._stacks(), x_BLD, positions_BL,
+                                          segment_ids_BL, self.pattern)
     else:
       run_block = block_lib.block_runner(cfg, self.pattern, positions_BL,
                                          segment_ids_BL,

@@ -84,6 +84,11 @@ class Execution:
         refuse(f"pipelining is not supported with {what} (model.{field}="
                f"{value}); use 1")
     kinds = [kind.name for kind in layer_pattern.kinds(cfg)]
-    if len(kinds) > 1:
-      refuse(f"pipelining runs one layer kind; this model has {kinds}"
-             " (maxtext.common.layer_pattern); use 1")
+    layers = layer_pattern.layers(cfg)
+    chunk = cfg.num_layers // (stages * repeats)
+    if len(kinds) > 1 and layers != layers[:chunk] * (stages * repeats):
+      refuse(f"with several layer kinds ({kinds}; maxtext.common."
+             f"layer_pattern) every chunk of {chunk} layers (num_layers / "
+             "(stages * repeats)) must hold the same kinds and windows in"
+             " the same order, and this model's chunks differ; choose"
+             " stages and repeats whose chunks repeat the pattern, or use 1")

@@ -84,9 +84,10 @@ class CheckTest(parameterized.TestCase):
        r"not supported with experts \(model.num_experts=4\)"),
       ("mtp", _piped(), dict(mtp_layers=1),
        r"multi-token prediction \(model.mtp_layers=1\)"),
-      ("kinds", _piped(), dict(sliding_window=4, global_layer_interval=2,
-                               global_head_dim=16),
-       r"one layer kind; this model has \['blocks', 'global_blocks'\]"),
+      ("kinds_in_chunks_that_differ", _piped(),
+       dict(sliding_window=4, global_layer_interval=3, global_head_dim=16),
+       r"with several layer kinds \(\['blocks', 'global_blocks'\];.*every"
+       r" chunk of 2 layers .* this model's chunks differ"),
   )
   def test_refused_everywhere(self, run, changes, message):
     cfg = _LLAMA.replace(**changes)
@@ -98,6 +99,9 @@ class CheckTest(parameterized.TestCase):
   def test_what_runs_passes(self):
     execution.Execution().check(_LLAMA)
     _piped(2, repeats=2, microbatches=2).check(_LLAMA)
+    # Two kinds whose chunks (local, global) repeat.
+    _piped(2).check(_LLAMA.replace(sliding_window=4, global_layer_interval=2,
+                                   global_head_dim=16))
     execution.Execution(
         attention_kernel=dispatch.Kernel(impl="xla", context_parallel="ring"),
         remat=remat.RematConfig(policy="custom",

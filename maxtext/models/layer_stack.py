@@ -121,43 +121,52 @@ def scan_layers(graphdefs, states, pattern, x_BLD, run_block, caches):
 
 
 def pipeline_blocks(cfg: ModelConfig, execution: execution_lib.Execution,
-                    blocks, x_BLD, positions_BL, segment_ids_BL, pattern):
-  """Stacked `blocks` (the one layer kind of `pattern`) as a pipeline of
-  `execution.pipeline.stages` stages, each passed `.repeats` times
-  (`pipeline.circular`), blocks under `execution.remat`; see the module
-  docstring of `maxtext.models.decoder`."""
+                    stacks, x_BLD, positions_BL, segment_ids_BL, pattern):
+  """The stacked blocks of every kind (`stacks`: kind name -> blocks) as a
+  pipeline of `execution.pipeline.stages` stages, each passed `.repeats`
+  times (`pipeline.circular`), blocks under `execution.remat`; see the
+  module docstring of `maxtext.models.decoder`.
+
+  Each kind's stack is cut into the chunks in layer order. With one kind the
+  chunks may differ in windows (each layer's window is then data); with
+  several, every chunk holds the same layers (`Execution.check`).
+  """
   stages = execution.pipeline.stages
   repeats = execution.pipeline.repeats
   chunk = cfg.num_layers // (stages * repeats)
-  graphdef, stacked = nnx.split(blocks)
-  stage_state = _chunks_by_stage(stacked, stages, repeats)
-  name = pattern[0].kind.name
+  split = {name: nnx.split(stack) for name, stack in stacks.items()}
+  graphdefs = {name: graphdef for name, (graphdef, _) in split.items()}
+  stage_states = {name: _chunks_by_stage(stacked, stages, repeats)
+                  for name, (_, stacked) in split.items()}
   chunk_pattern = pattern[:chunk]
   distinct = tuple(dict.fromkeys(pattern))
   if pattern == chunk_pattern * (stages * repeats):
     layer_ids_grl = None  # Every chunk has the same pattern: static layers.
   else:
-    # Each layer (its window) as data: an index into the distinct layers.
+    # One kind; each layer (its window) as data: an index into the distinct
+    # layers.
     layer_ids_grl = jnp.asarray(
         [distinct.index(layer) for layer in pattern], jnp.int32
     ).reshape(repeats, stages, chunk).swapaxes(0, 1)
 
   def stage_fn(params, microbatch):
-    state, layer_ids_l = params
+    states, layer_ids_l = params
     x_BLD, positions_BL, segment_ids_BL = microbatch
     run_block = block_lib.block_runner(cfg, distinct, positions_BL,
                                        segment_ids_BL, cached=False,
                                        remat_config=execution.remat)
     if layer_ids_l is None:
-      x_BLD, _, _ = scan_layers({name: graphdef}, {name: state}, chunk_pattern,
-                                x_BLD, run_block, None)
+      x_BLD, _, _ = scan_layers(graphdefs, states, chunk_pattern, x_BLD,
+                                run_block, None)
     else:
+      (name, graphdef), = graphdefs.items()
+
       def layer_step(x_BLD, layer):
         layer_state, layer_id = layer
         return _switch_layer(run_block, nnx.merge(graphdef, layer_state),
                              x_BLD, distinct, layer_id), None
 
-      x_BLD, _ = jax.lax.scan(layer_step, x_BLD, (state, layer_ids_l))
+      x_BLD, _ = jax.lax.scan(layer_step, x_BLD, (states[name], layer_ids_l))
     return x_BLD, positions_BL, segment_ids_BL
 
   microbatches = execution.pipeline.microbatches or stages
@@ -165,7 +174,7 @@ def pipeline_blocks(cfg: ModelConfig, execution: execution_lib.Execution,
       (x_BLD, positions_BL, segment_ids_BL), microbatches)
   row_names = (axes.BATCH, axes.LENGTH)
   x_BLD, _, _ = pipeline.merge_microbatches(pipeline.circular(
-      stage_fn, (stage_state, layer_ids_grl), inputs,
+      stage_fn, (stage_states, layer_ids_grl), inputs,
       names=(block_lib.RESIDUAL, row_names,
              None if segment_ids_BL is None else row_names)))
   return axes.constrain(x_BLD, block_lib.RESIDUAL)

@@ -21,6 +21,7 @@ import optax
 from configs import common
 from configs import gemma3
 from configs import llama3
+from maxtext.common import layer_pattern
 from maxtext.common.model_config import ModelConfig
 from maxtext.layers import pipeline
 from maxtext.models import execution
@@ -87,10 +88,10 @@ def _compiled_loss_and_grads(state, batch):
 
 
 @functools.cache
-def _single_device(family: str, layers: int):
+def _single_device(family: str, layers: int, overrides=()):
   """(loss, grads) of the model without a pipeline on one device."""
-  state = _state(_model_config(family, num_layers=layers), {"data": -1},
-                 jax.devices()[:1])
+  state = _state(_model_config(family, num_layers=layers, **dict(overrides)),
+                 {"data": -1}, jax.devices()[:1])
   batch = _batch(state)
   return _compiled_loss_and_grads(state, batch)(state, batch)
 
@@ -129,12 +130,19 @@ class PipelineScheduleTest(parameterized.TestCase):
        {"data": 4, "stage": 2}),
       ("circular_patterns_differ_fsdp_tensor", "gemma3", 8, 2, 2, 2,
        {"fsdp": 2, "tensor": 2, "stage": 2}),
+      # Two layer kinds: global layers with head dim 16 and one kv head
+      # (`global_blocks`), stages of LLG and LLG, each kind's stack cut in
+      # two.
+      ("two_kinds", "gemma3", 6, 2, 1, 2, {"data": 4, "stage": 2},
+       (("global_head_dim", 16), ("global_num_kv_heads", 1))),
   )
   def test_pipeline_equals_single_device(self, family, layers, stages,
-                                         repeats, microbatches, ici):
-    want_loss, want_grads = _single_device(family, layers)
-    state = _state(_model_config(family, num_layers=layers),
-                   {"data": 1, **ici}, jax.devices(),
+                                         repeats, microbatches, ici,
+                                         overrides=()):
+    want_loss, want_grads = _single_device(family, layers, overrides)
+    cfg = _model_config(family, num_layers=layers, **dict(overrides))
+    self.assertLen(layer_pattern.kinds(cfg), 2 if overrides else 1)
+    state = _state(cfg, {"data": 1, **ici}, jax.devices(),
                    pipeline.PipelineConfig(stages=stages, repeats=repeats,
                                            microbatches=microbatches))
     batch = _batch(state)
