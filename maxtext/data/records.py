@@ -109,6 +109,8 @@ class DocumentEncoder:
     except json.JSONDecodeError as e:
       raise ValueError(
           f"invalid JSON: {e.msg} at column {e.colno}") from None
+    except RecursionError:
+      raise ValueError("invalid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
       raise ValueError(f"a JSON {_describe(obj)}, expected an object")
     if self.text_field not in obj:

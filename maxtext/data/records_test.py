@@ -63,6 +63,15 @@ class RecordsTest(parameterized.TestCase):
     self.assertEqual(bad.record_id, 5)
     self.assertRegex(bad.reason, reason)
 
+  def test_json_nested_too_deeply_is_a_bad_record(self):
+    encoder = records.DocumentEncoder(
+        self.tok, text_field="text", max_document_bytes=1 << 16,
+        add_bos=True, add_eos=True)
+    raw = b'{"text": "x", "deep": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"
+    bad = encoder.encode(raw, "json", rid=3)
+    self.assertIsInstance(bad, records.BadRecord)
+    self.assertEqual(bad.reason, "invalid JSON: nested too deeply")
+
   def test_chat_records_weight_assistant_turns(self):
     encoder = records.DocumentEncoder(
         self.tok, text_field="messages", max_document_bytes=1 << 16,

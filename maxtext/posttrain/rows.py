@@ -49,6 +49,9 @@ def read_rows(kind: str, files: str, fields: Sequence[str]
       record = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
       raise ValueError(f"Record {first.where(index)} is not JSON: {e}") from e
+    except RecursionError:
+      raise ValueError(f"Record {first.where(index)} is not JSON: nested"
+                       " too deeply.") from None
     if not isinstance(record, dict):
       raise ValueError(f"Record {first.where(index)} is not a JSON object.")
     missing = [field for field in fields if field not in record]
