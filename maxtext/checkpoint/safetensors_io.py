@@ -25,6 +25,7 @@ import json
 import math
 import os
 import struct
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -52,16 +53,75 @@ _DTYPES = {
 _DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 # Dtypes `safe_open(framework="numpy")` cannot return.
 _RAW_DTYPES = ("BF16", "F8_E4M3", "F8_E5M2")
+# The safetensors format's own limit on a header (its Rust reader refuses
+# more), checked before a byte of it is read.
+MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
 class WeightsError(ValueError):
   """Weight files are missing, refused or malformed; names the path."""
 
 
-def _read_header(path: str) -> dict:
+def _read_header(path: str) -> tuple[dict, int]:
+  """(the tensors' header entries, where the data starts) of one file,
+  every entry checked to lie inside the file.
+
+  Raises:
+    WeightsError: the file is truncated, its header is too large, not a
+      JSON object, or an entry's dtype, shape or offsets are malformed.
+  """
+  size = os.path.getsize(path)
   with open(path, "rb") as f:
-    (length,) = struct.unpack("<Q", f.read(8))
-    return json.loads(f.read(length))
+    prefix = f.read(8)
+    if len(prefix) < 8:
+      raise WeightsError(f"{path} is not a safetensors file: {size} bytes,"
+                         " shorter than the 8-byte header length.")
+    (length,) = struct.unpack("<Q", prefix)
+    if length > min(MAX_HEADER_BYTES, size - 8):
+      raise WeightsError(
+          f"{path} declares a {length}-byte header, more than "
+          + (f"the file's {size - 8} bytes after it (truncated?)"
+             if length > size - 8 else f"the format's {MAX_HEADER_BYTES}"))
+    try:
+      header = json.loads(f.read(length))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+      raise WeightsError(f"{path} has a malformed header: {e}") from None
+  if not isinstance(header, dict):
+    raise WeightsError(f"{path} has a malformed header: not a JSON object.")
+  data_size = size - 8 - length
+  entries = {}
+  for name, entry in header.items():
+    if name != "__metadata__":
+      _check_entry(path, name, entry, data_size)
+      entries[name] = entry
+  return entries, 8 + length
+
+
+def _check_entry(path: str, name: str, entry: Any, data_size: int) -> None:
+  """One header entry: a known dtype, a shape of sizes >= 0, and offsets
+  [begin, end] inside the data holding exactly that many bytes."""
+  def bad(why):
+    raise WeightsError(f"Tensor {name!r} in {path}: {why}.")
+
+  if not isinstance(entry, dict):
+    bad("its header entry is not a JSON object")
+  dtype, shape = entry.get("dtype"), entry.get("shape")
+  if dtype not in _DTYPES:
+    bad(f"dtype {dtype!r} is not supported; supported: {sorted(_DTYPES)}")
+  if not isinstance(shape, list) or not all(
+      isinstance(n, int) and not isinstance(n, bool) and n >= 0
+      for n in shape):
+    bad(f"shape {shape!r} is not a list of sizes >= 0")
+  offsets = entry.get("data_offsets")
+  if not (isinstance(offsets, list) and len(offsets) == 2 and all(
+      isinstance(n, int) and not isinstance(n, bool) for n in offsets)
+          and 0 <= offsets[0] <= offsets[1] <= data_size):
+    bad(f"data_offsets {offsets!r} do not lie inside the file's"
+        f" {data_size} bytes of data (truncated?)")
+  want = math.prod(shape) * _DTYPES[dtype].itemsize
+  if offsets[1] - offsets[0] != want:
+    bad(f"data_offsets {offsets!r} hold {offsets[1] - offsets[0]} bytes, but"
+        f" {dtype} {shape} needs {want}")
 
 
 def weight_files(hf_dir: str) -> list[str]:
@@ -104,18 +164,11 @@ class LazyWeights(Mapping):
   def __init__(self, files: Iterable[str]):
     self._where = {}  # name -> (path, header entry, data start)
     for path in files:
-      header = _read_header(path)
-      with open(path, "rb") as f:
-        data_start = 8 + struct.unpack("<Q", f.read(8))[0]
-      for name, entry in header.items():
-        if name == "__metadata__":
-          continue
+      entries, data_start = _read_header(path)
+      for name, entry in entries.items():
         if name in self._where:
           raise WeightsError(f"Tensor {name!r} is in both {path} and "
                              f"{self._where[name][0]}.")
-        if entry["dtype"] not in _DTYPES:
-          raise WeightsError(f"Tensor {name!r} in {path} has dtype "
-                             f"{entry['dtype']}, which is not supported.")
         self._where[name] = (path, entry, data_start)
 
   def __getitem__(self, name: str) -> np.ndarray:

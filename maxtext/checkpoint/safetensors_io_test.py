@@ -84,6 +84,48 @@ class SafetensorsIoTest(absltest.TestCase):
                                 "lists model-00001-of-00002.safetensors"):
       safetensors_io.open_weights(folder.full_path)
 
+  def test_hostile_files_are_named_before_any_tensor_is_read(self):
+    def file_of(header, data=b"\0" * 24):
+      text = header if isinstance(header, bytes) else json.dumps(
+          header).encode()
+      return len(text).to_bytes(8, "little") + text + data
+
+    good = {"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}}
+    huge = safetensors_io.MAX_HEADER_BYTES + 1
+    cases = (
+        (b"\x01\x02", "shorter than the 8-byte header length"),
+        (huge.to_bytes(8, "little") + b"{}",
+         f"declares a {huge}-byte header, more than the file's 2 bytes"),
+        (file_of(b"{not json"), "malformed header"),
+        (file_of(b"[" * 100_000 + b"]" * 100_000), "malformed header"),
+        (file_of([1, 2]), "not a JSON object"),
+        (file_of({"w": "F32"}), "'w'.*header entry is not a JSON object"),
+        (file_of({"w": {**good["w"], "dtype": "F128"}}),
+         "'w'.*dtype 'F128' is not supported"),
+        (file_of({"w": {**good["w"], "shape": [2, -3]}}),
+         r"'w'.*shape \[2, -3\] is not a list of sizes"),
+        (file_of({"w": {**good["w"], "data_offsets": [0, 10**12]}}),
+         r"'w'.*data_offsets \[0, 1000000000000\] do not lie inside the"
+         " file's 24 bytes"),
+        (file_of(good, data=b"\0" * 20), "do not lie inside the file's 20"),
+        (file_of({"w": {**good["w"], "shape": [2, 2]}}),
+         r"hold 24 bytes, but F32 \[2, 2\] needs 16"),
+    )
+    for content, message in cases:
+      folder = self.create_tempdir()
+      with open(os.path.join(folder.full_path, "model.safetensors"),
+                "wb") as f:
+        f.write(content)
+      with self.subTest(message), self.assertRaisesRegex(
+          safetensors_io.WeightsError, message):
+        safetensors_io.open_weights(folder.full_path)
+    folder = self.create_tempdir()
+    with open(os.path.join(folder.full_path, "model.safetensors"), "wb") as f:
+      f.write(file_of(good, data=np.arange(6, dtype=np.float32).tobytes()))
+    np.testing.assert_array_equal(
+        safetensors_io.open_weights(folder.full_path)["w"],
+        np.arange(6, dtype=np.float32).reshape(2, 3))
+
   def test_parse_size(self):
     self.assertEqual(safetensors_io.parse_size("5GB"), 5 * 10**9)
     self.assertEqual(safetensors_io.parse_size("2MiB"), 2 * 2**20)
