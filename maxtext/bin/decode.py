@@ -27,7 +27,6 @@ from maxtext.common import paths
 host_memory.keep_freed_memory(reexec=__name__ == "__main__")
 
 # pylint: disable=wrong-import-position
-import os
 
 from absl import app
 from absl import flags
@@ -75,12 +74,12 @@ _PAGED_ATTENTION_IMPL = flags.DEFINE_enum(
 
 
 def _tokenizer_path(checkpoint: str) -> str:
+  """--tokenizer, else the checkpoint's own (a converted checkpoint's file,
+  a training workdir's `data.tokenizer`), else the bundled one."""
   if _TOKENIZER.value:
     return paths.user_path(_TOKENIZER.value)
-  for name in ("tokenizer.json", "tokenizer.model"):
-    if os.path.isfile(os.path.join(checkpoint, name)):
-      return os.path.join(checkpoint, name)
-  return assets.default_tokenizer()
+  return (params_checkpoint.tokenizer_path(checkpoint)
+          or assets.default_tokenizer())
 
 
 def _model(cfg, params):

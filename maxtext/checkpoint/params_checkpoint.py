@@ -45,6 +45,8 @@ PARAMS_DIRNAME = "params"
 # trainers sit above checkpoint.
 WORKDIR_CONFIG_FILENAME = "config.json"
 CHECKPOINTS_DIRNAME = "checkpoints"
+# A converted checkpoint's own tokenizer (`tokenizer_path`).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
 class ParamsCheckpointError(ValueError):
@@ -253,6 +255,26 @@ def _latest_step_dir(checkpoints_dir: str) -> str:
   if not steps:
     raise ParamsCheckpointError(f"No finished checkpoint in {checkpoints_dir}.")
   return os.path.join(checkpoints_dir, str(max(steps)))
+
+
+def tokenizer_path(checkpoint: str) -> str | None:
+  """The tokenizer file that belongs to `checkpoint`, or None.
+
+  A converted checkpoint's own tokenizer.json / tokenizer.model; for a
+  training checkpoint or workdir, the `data.tokenizer` of the workdir's
+  config.json (None when that is empty).
+  """
+  checkpoint = os.path.abspath(checkpoint)
+  for name in TOKENIZER_FILES:
+    if os.path.isfile(os.path.join(checkpoint, name)):
+      return os.path.join(checkpoint, name)
+  workdir = checkpoint
+  if not os.path.isdir(os.path.join(checkpoint, CHECKPOINTS_DIRNAME)):
+    workdir = training_workdir(checkpoint)
+  config_path = os.path.join(workdir, WORKDIR_CONFIG_FILENAME)
+  if os.path.isfile(config_path):
+    return _read_json(config_path).get("data", {}).get("tokenizer") or None
+  return None
 
 
 def load_params(path: str, *, lazy: bool = False

@@ -18,7 +18,6 @@ binary (`//maxtext/bin:eval`) passes an instance instead.
 """
 
 import json
-import os
 from typing import Any
 
 from flax import nnx
@@ -38,7 +37,6 @@ DEFAULT_MAX_LENGTH = 2048
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_MAX_GEN_TOKS = 256
 # Names of the tokenizer files a converted checkpoint carries, preferred first.
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 # Generation settings `generate_until` understands (after lm-eval's
 # normalisation); anything else in a task's generation_kwargs is refused.
 _GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_k",
@@ -46,27 +44,10 @@ _GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_k",
 
 
 def checkpoint_tokenizer_path(checkpoint: str) -> str:
-  """The tokenizer file that belongs to `checkpoint`.
-
-  A converted checkpoint's own tokenizer.json / tokenizer.model; for a
-  training checkpoint or workdir, the `data.tokenizer` of the workdir's
-  config.json; otherwise (or when that is empty) the bundled Mistral one.
-  """
-  checkpoint = os.path.abspath(checkpoint)
-  for name in _TOKENIZER_FILES:
-    if os.path.isfile(os.path.join(checkpoint, name)):
-      return os.path.join(checkpoint, name)
-  workdir = checkpoint
-  if not os.path.isdir(os.path.join(checkpoint,
-                                    params_checkpoint.CHECKPOINTS_DIRNAME)):
-    workdir = params_checkpoint.training_workdir(checkpoint)
-  config_path = os.path.join(workdir, params_checkpoint.WORKDIR_CONFIG_FILENAME)
-  if os.path.isfile(config_path):
-    with open(config_path, encoding="utf-8") as f:
-      tokenizer = json.load(f).get("data", {}).get("tokenizer")
-    if tokenizer:
-      return tokenizer
-  return assets.default_tokenizer()
+  """The tokenizer file that belongs to `checkpoint`
+  (`params_checkpoint.tokenizer_path`), else the bundled Mistral one."""
+  return (params_checkpoint.tokenizer_path(checkpoint)
+          or assets.default_tokenizer())
 
 
 @registry.register_model("maxtext")
