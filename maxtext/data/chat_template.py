@@ -164,8 +164,42 @@ def _check_messages(messages: Any) -> Sequence[Mapping[str, str]]:
   return messages
 
 
+# Around each message's content while rendering for `ChatEncoder.encode`:
+# the template's own text may hold special tokens, a message's never does.
+# Private-use characters, placed inside the content's surrounding whitespace
+# so a template's `trim` leaves them around the trimmed text.
+_CONTENT_START, _CONTENT_END = "\ue000", "\ue001"
+_CONTENT_MARKS = re.compile(f"[{_CONTENT_START}{_CONTENT_END}]")
+
+
+def _alternatives(texts, *, group: bool = False) -> re.Pattern | None:
+  """A regex matching any of `texts`, longest first (a group with `group`,
+  so `split` keeps the matches); None for no texts."""
+  if not texts:
+    return None
+  pattern = "|".join(re.escape(text) for text in sorted(
+      texts, key=len, reverse=True))
+  return re.compile(f"({pattern})" if group else pattern)
+
+
+def _marked(message: Mapping[str, str]) -> dict[str, str]:
+  """`message` with its content between the content marks (any marks the
+  content held become U+FFFD)."""
+  content = _CONTENT_MARKS.sub("\ufffd", message["content"])
+  stripped = content.strip()
+  start = content.find(stripped) if stripped else len(content)
+  return {**message, "content": (
+      content[:start] + _CONTENT_START + stripped + _CONTENT_END
+      + content[start + len(stripped):])}
+
+
 class ChatEncoder:
-  """Renders and tokenizes conversations with one template and tokenizer."""
+  """Renders and tokenizes conversations with one template and tokenizer.
+
+  Tokenizing, the template's text may spell special tokens (turn markers,
+  BOS/EOS), which become their ids; a message's content never does: a
+  literal "<|im_end|>" typed in a message stays text.
+  """
 
   def __init__(self, source: str, tokenizer: tokenizer_lib.Tokenizer):
     self.source = source
@@ -177,10 +211,10 @@ class ChatEncoder:
     for token_id in (tokenizer.bos_id, tokenizer.eos_id):
       if token_id is not None:
         self._specials[tokenizer.special_text(token_id)] = token_id
-    self._special_re = re.compile("|".join(
-        re.escape(text) for text in sorted(self._specials, key=len,
-                                           reverse=True))) if self._specials \
-        else None
+    self._special_re = _alternatives(self._specials)
+    # What a message's content may not spell as a special token.
+    self._literal_re = _alternatives(
+        {*self._specials, *tokenizer.special_texts()}, group=True)
 
   def render(self, messages: Sequence[Mapping[str, str]], *,
              add_generation_prompt: bool = False) -> str:
@@ -217,7 +251,12 @@ class ChatEncoder:
       ChatTemplateError: the messages are malformed, the template fails, or
         it does not render prefixes of the conversation as prefixes.
     """
-    messages = _check_messages(messages)
+    return [(_CONTENT_MARKS.sub("", text), is_assistant)
+            for text, is_assistant in self._marked_pieces(messages)]
+
+  def _marked_pieces(self, messages: Any) -> list[tuple[str, bool]]:
+    """`pieces`, each message's content between the content marks."""
+    messages = [_marked(m) for m in _check_messages(messages)]
     pieces, done = [], ""
     for i, message in enumerate(messages):
       if message["role"] != ASSISTANT_ROLE:
@@ -240,10 +279,29 @@ class ChatEncoder:
 
   def encode(self, messages: Any) -> tuple[list[int], list[int]]:
     """Token ids of the conversation and their loss weights (1 on assistant
-    turns, 0 elsewhere)."""
-    ids, weights = [], []
-    for text, is_assistant in self.pieces(messages):
-      piece = self._encode(text)
+    turns, 0 elsewhere).
+
+    Each piece is tokenized whole, as the template renders it, except that
+    the text of a special token inside a message's content is tokenized as
+    plain text.
+    """
+    ids, weights, in_content = [], [], False
+    for text, is_assistant in self._marked_pieces(messages):
+      piece, markup = [], ""
+      for part in re.split(f"([{_CONTENT_START}{_CONTENT_END}])", text):
+        if part in (_CONTENT_START, _CONTENT_END):
+          in_content = part == _CONTENT_START
+          continue
+        if not in_content or self._literal_re is None:
+          markup += part
+          continue
+        for i, chunk in enumerate(self._literal_re.split(part)):
+          if i % 2:  # A special token's text typed in the content.
+            piece += self._encode(markup) + self.tokenizer.encode(chunk)
+            markup = ""
+          else:
+            markup += chunk
+      piece += self._encode(markup)
       ids += piece
       weights += [int(is_assistant)] * len(piece)
     return ids, weights

@@ -79,6 +79,40 @@ class ChatTemplateTest(parameterized.TestCase):
     if "bos_token" in chat_template.TEMPLATES[name]:
       self.assertEqual(ids[0], self.tok.bos_id)
 
+  def test_special_token_text_in_a_message_stays_text(self):
+    # SentencePiece (the template writes BOS/EOS as text) and tiktoken GPT-2
+    # (its <|endoftext|> special token); the template's own markup keeps
+    # its ids, a message's literal copy of it does not.
+    gpt2 = tokenizer_lib.load_tokenizer(assets.gpt2_tiktoken())
+    for tok, template, literal in (
+        (self.tok, "mistral", "</s>"),
+        (gpt2, "{% for m in messages %}{{ m['content'] }}<|endoftext|>"
+               "{% endfor %}", "<|endoftext|>")):
+      source = chat_template.TEMPLATES.get(template, template)
+      encoder = chat_template.ChatEncoder(source, tok)
+      special = [tok.eos_id]  # Both literals spell the EOS token.
+      self.assertEqual(tok.special_text(tok.eos_id), literal)
+      plain = [{"role": "user", "content": "Say it."},
+               {"role": "assistant", "content": "Done."}]
+      typed = [plain[0], {"role": "assistant",
+                          "content": f"Done.{literal} Not the end"}]
+      want_ids = encoder.encode(plain)[0].count(special[0])
+      ids, weights = encoder.encode(typed)
+      self.assertEqual(ids.count(special[0]), want_ids, template)
+      # The literal is there, as its plain-text tokens.
+      text_ids = tok.encode(literal)
+      self.assertTrue(any(ids[i:i + len(text_ids)] == text_ids
+                          for i in range(len(ids))), (template, ids))
+      self.assertLen(weights, len(ids))
+    # Without a literal, the ids are the whole pieces' as before.
+    encoder = chat_template.ChatEncoder(chat_template.TEMPLATES["mistral"],
+                                        self.tok)
+    ids, _ = encoder.encode(_CONVERSATION)
+    want = []
+    for text, _ in encoder.pieces(_CONVERSATION):
+      want += encoder._encode(text)  # pylint: disable=protected-access
+    self.assertEqual(ids, want)
+
   def test_template_errors_are_clear(self):
     encoder = chat_template.ChatEncoder(chat_template.TEMPLATES["mistral"],
                                         self.tok)

@@ -76,6 +76,10 @@ class Tokenizer(abc.ABC):
   def special_text(self, token_id: int) -> str:
     """The text of one token as vocabularies spell it, e.g. "<s>"."""
 
+  @abc.abstractmethod
+  def special_texts(self) -> tuple[str, ...]:
+    """The texts `encode(..., allow_special=True)` maps to special ids."""
+
   def encode_batch(self, texts: list[str]) -> list[list[int]]:
     """`encode` of each text; implementations may parallelise."""
     return [self.encode(text) for text in texts]
@@ -120,6 +124,9 @@ class SentencePieceTokenizer(Tokenizer):
 
   def special_text(self, token_id: int) -> str:
     return self._processor.IdToPiece(token_id)
+
+  def special_texts(self) -> tuple[str, ...]:
+    return ()  # Never maps text to its control symbols.
 
   def encode_batch(self, texts: list[str]) -> list[list[int]]:
     return self._processor.Encode(list(texts), out_type=int)
@@ -171,6 +178,11 @@ class HuggingFaceTokenizer(Tokenizer):
 
   def special_text(self, token_id: int) -> str:
     return self._tokenizer.id_to_token(token_id)
+
+  def special_texts(self) -> tuple[str, ...]:
+    return tuple(token.content for token in
+                 self._with_special.get_added_tokens_decoder().values()
+                 if token.special)
 
   def encode_batch(self, texts: list[str]) -> list[list[int]]:
     encodings = self._tokenizer.encode_batch(
@@ -289,6 +301,9 @@ class TiktokenTokenizer(Tokenizer):
   def special_text(self, token_id: int) -> str:
     return self._encoding.decode_single_token_bytes(token_id).decode(
         "utf-8", errors="replace")
+
+  def special_texts(self) -> tuple[str, ...]:
+    return tuple(self.encoding.special_tokens)
 
   def encode_batch(self, texts: list[str]) -> list[list[int]]:
     return self._encoding.encode_ordinary_batch(list(texts), num_threads=1)

@@ -47,6 +47,7 @@ class SentencePieceTest(absltest.TestCase):
   def test_special_text_and_pickling(self):
     self.assertEqual(self.tok.special_text(self.tok.bos_id), "<s>")
     self.assertEqual(self.tok.special_text(self.tok.eos_id), "</s>")
+    self.assertEqual(self.tok.special_texts(), ())  # Never maps text.
     copy = pickle.loads(pickle.dumps(self.tok))
     self.assertEqual(copy.encode("Exeunt omnes."), self.tok.encode(
         "Exeunt omnes."))
@@ -71,6 +72,7 @@ class HuggingFaceTest(absltest.TestCase):
     tok = tokenizer_lib.load_tokenizer(path)
     self.assertEqual(tok.encode("<s> to be", allow_special=True), [1, 3, 4])
     self.assertNotIn(1, tok.encode("<s> to be"))
+    self.assertCountEqual(tok.special_texts(), ("<s>", "</s>"))
     self.assertEqual(pickle.loads(pickle.dumps(tok)).encode("<s> to be"),
                      tok.encode("<s> to be"))
 
@@ -99,6 +101,7 @@ class TiktokenTest(absltest.TestCase):
     self.assertNotIn(50256, self.tok.encode("end<|endoftext|>"))
     self.assertEqual(self.tok.encode("end<|endoftext|>", allow_special=True),
                      self.tok.encode("end") + [50256])
+    self.assertEqual(self.tok.special_texts(), ("<|endoftext|>",))
     copy = pickle.loads(pickle.dumps(self.tok))
     self.assertEqual(copy.encode(text), ids)
 
