@@ -283,10 +283,17 @@ class ChatEncoder:
 
     Each piece is tokenized whole, as the template renders it, except that
     the text of a special token inside a message's content is tokenized as
-    plain text.
+    plain text. A template that cuts contents apart (e.g. splitting off a
+    reasoning part) leaves no whole contents to tell apart: its rendering is
+    then tokenized as before, markup and contents alike.
     """
+    marked = self._marked_pieces(messages)
+    marks = "".join(_CONTENT_MARKS.findall("".join(t for t, _ in marked)))
+    if marks != (_CONTENT_START + _CONTENT_END) * (len(marks) // 2):
+      marked = [(_CONTENT_MARKS.sub("", text), is_assistant)
+                for text, is_assistant in marked]
     ids, weights, in_content = [], [], False
-    for text, is_assistant in self._marked_pieces(messages):
+    for text, is_assistant in marked:
       piece, markup = [], ""
       for part in re.split(f"([{_CONTENT_START}{_CONTENT_END}])", text):
         if part in (_CONTENT_START, _CONTENT_END):

@@ -104,6 +104,15 @@ class ChatTemplateTest(parameterized.TestCase):
       self.assertTrue(any(ids[i:i + len(text_ids)] == text_ids
                           for i in range(len(ids))), (template, ids))
       self.assertLen(weights, len(ids))
+    # A template that cuts a content apart: encoded as before, its markup
+    # still the EOS id.
+    cutting = chat_template.ChatEncoder(
+        "{% for m in messages %}{{ m['content'].split('|')[-1] }}</s>"
+        "{% endfor %}", self.tok)
+    ids, _ = cutting.encode([{"role": "user", "content": "a|b"},
+                             {"role": "assistant", "content": "c|d"}])
+    self.assertEqual(ids.count(self.tok.eos_id), 2)
+    self.assertEqual(self.tok.decode(ids).replace(" ", ""), "bd")
     # Without a literal, the ids are the whole pieces' as before.
     encoder = chat_template.ChatEncoder(chat_template.TEMPLATES["mistral"],
                                         self.tok)
