@@ -168,14 +168,9 @@ def hf_config_dict(cfg: ModelConfig,
 
 
 def _training_tokenizer(checkpoint: str) -> dict[str, str]:
-  """{output name: path} of the tokenizer a training run used, if a file."""
-  workdir = checkpoint
-  if not os.path.isdir(os.path.join(checkpoint,
-                                    params_checkpoint.CHECKPOINTS_DIRNAME)):
-    workdir = params_checkpoint.training_workdir(checkpoint)
-  path = os.path.join(workdir, params_checkpoint.WORKDIR_CONFIG_FILENAME)
-  with open(path, encoding="utf-8") as f:
-    tokenizer = json.load(f).get("data", {}).get("tokenizer") or ""
+  """{output name: path} of the tokenizer a training run used, if a file
+  (`params_checkpoint.tokenizer_path`)."""
+  tokenizer = params_checkpoint.tokenizer_path(checkpoint) or ""
   if tokenizer.endswith(".json") and os.path.isfile(tokenizer):
     return {"tokenizer.json": tokenizer}
   if tokenizer.endswith(".model") and os.path.isfile(tokenizer):

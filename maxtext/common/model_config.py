@@ -28,7 +28,7 @@ pipeline, remat) is not architecture: `maxtext.models.execution`.
 Shared code reads these fields and never branches on `family`.
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 import dataclasses
 import typing
 from typing import Any, ClassVar
@@ -133,38 +133,33 @@ class ModelConfig:
   final_logit_softcap: float = 0.0
 
   @classmethod
-  def section_schema(cls) -> dict[str, tuple[Any, bool]]:
-    """{key of the flat `model` section: (its type, whether required)}, in
-    field order (`sections.build_section` checks a section against it)."""
+  def _flat_fields(cls) -> Iterator[tuple[str, Any, dataclasses.Field]]:
+    """(key of the flat `model` section, its type, its dataclass field) of
+    every top-level field and every part's field, in field order."""
     hints = typing.get_type_hints(cls)
-    schema = {}
     for f in dataclasses.fields(cls):
       part = PARTS.get(f.name)
       if part is None:
-        schema[f.name] = (hints[f.name], f.default is dataclasses.MISSING)
+        yield f.name, hints[f.name], f
         continue
       part_hints = typing.get_type_hints(part)
       for g in dataclasses.fields(part):
-        schema[part.KEYS[g.name]] = (
-            part_hints[g.name], g.default is dataclasses.MISSING and
-            g.default_factory is dataclasses.MISSING)
-    return schema
+        yield part.KEYS[g.name], part_hints[g.name], g
+
+  @classmethod
+  def section_schema(cls) -> dict[str, tuple[Any, bool]]:
+    """{key of the flat `model` section: (its type, whether required)}, in
+    field order (`sections.build_section` checks a section against it)."""
+    return {key: (hint, f.default is dataclasses.MISSING and
+                  f.default_factory is dataclasses.MISSING)
+            for key, hint, f in cls._flat_fields()}
 
   @classmethod
   def keys(cls) -> dict[str, Any]:
     """{key of the flat `model` section: its default (None for the keys a
     family must set)}."""
-    defaults = {}
-    for f in dataclasses.fields(cls):
-      part = PARTS.get(f.name)
-      if part is None:
-        defaults[f.name] = (None if f.default is dataclasses.MISSING
-                            else f.default)
-        continue
-      for g in dataclasses.fields(part):
-        defaults[part.KEYS[g.name]] = (
-            None if g.default is dataclasses.MISSING else g.default)
-    return defaults
+    return {key: None if f.default is dataclasses.MISSING else f.default
+            for key, _, f in cls._flat_fields()}
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
@@ -185,19 +180,14 @@ class ModelConfig:
     if unknown:
       raise TypeError(
           f"Unknown ModelConfig field(s) {unknown}; valid fields: {valid}.")
+    part_keys = {key for part in PARTS.values() for key in part.KEYS.values()}
     top = {key: value for key, value in values.items()
-           if key not in cls.part_keys()}
+           if key not in part_keys}
     for name, part in PARTS.items():
       top[name] = part(**{field: values[key]
                           for field, key in part.KEYS.items()
                           if key in values})
     return cls(**top)
-
-  @staticmethod
-  def part_keys() -> dict[str, tuple[str, str]]:
-    """{section key of a part's field: (part name, field)}."""
-    return {key: (name, field) for name, part in PARTS.items()
-            for field, key in part.KEYS.items()}
 
   def to_dict(self) -> dict[str, Any]:
     """The flat `model` section of this config (`from_dict` reads it)."""
