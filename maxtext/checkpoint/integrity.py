@@ -47,9 +47,18 @@ def _sha256(path: str) -> str:
     return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _hash_all(step_dir: str, names: Sequence[str]) -> list[str]:
+def _try_sha256(path: str) -> str | OSError:
+  """`path`'s SHA-256, or the error that kept it from being read."""
+  try:
+    return _sha256(path)
+  except OSError as e:
+    return e
+
+
+def _hash_all(step_dir: str, names: Sequence[str], digest=_sha256) -> list:
+  """`digest` of each of `names` under `step_dir`, on several threads."""
   with concurrent.futures.ThreadPoolExecutor(_HASH_THREADS) as pool:
-    return list(pool.map(lambda n: _sha256(os.path.join(step_dir, n)), names))
+    return list(pool.map(lambda n: digest(os.path.join(step_dir, n)), names))
 
 
 def write_manifest(step_dir: str) -> str:
@@ -80,6 +89,8 @@ def read_manifest(step_dir: str) -> dict[str, dict[str, object]]:
       manifest = json.load(f)
   except FileNotFoundError:
     raise ValueError(f"{MANIFEST_FILENAME} is missing") from None
+  except OSError as e:  # A folder, a dangling link, no permission.
+    raise ValueError(f"{MANIFEST_FILENAME} cannot be read: {e}") from e
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     raise ValueError(f"{MANIFEST_FILENAME} is not valid JSON: {e}") from e
   if not isinstance(manifest, dict):
@@ -90,6 +101,12 @@ def read_manifest(step_dir: str) -> dict[str, dict[str, object]]:
       not all(isinstance(entry, dict) for entry in files.values())):
     raise ValueError(
         f"{MANIFEST_FILENAME} is not a version-{_FORMAT_VERSION} manifest")
+  outside = sorted(name for name in files
+                   if os.path.isabs(name) or os.path.normpath(name) != name
+                   or name.split(os.sep)[0] == os.pardir)
+  if outside:
+    raise ValueError(f"{MANIFEST_FILENAME} names files outside its folder:"
+                     f" {outside[:3]}")
   return files
 
 
@@ -104,8 +121,9 @@ def check(step_dir: str, *, shard_index: int = 0,
     shard_count: Number of shards.
 
   Returns:
-    One line per bad file: missing, wrong size, or wrong checksum; or the
-    manifest's own problem (missing or unreadable).
+    One line per bad file: missing, not a file, wrong size, unreadable or
+    wrong checksum; or the manifest's own problem (missing, unreadable, or
+    naming files outside `step_dir`).
   """
   try:
     files = read_manifest(step_dir)
@@ -116,16 +134,27 @@ def check(step_dir: str, *, shard_index: int = 0,
   present = []
   for name in names:
     path = os.path.join(step_dir, name)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
       problems.append(f"{name}: missing")
+    elif not os.path.isfile(path):  # A folder, a device, a dangling link.
+      problems.append(f"{name}: not a regular file")
     elif os.path.getsize(path) != files[name].get("size"):
       problems.append(f"{name}: {os.path.getsize(path)} bytes, the manifest"
                       f" says {files[name].get('size')} (truncated or"
                       " overwritten)")
     else:
       present.append(name)
-  for name, digest in zip(present, _hash_all(step_dir, present)):
-    if digest != files[name].get("sha256"):
+  for name, digest in zip(present, _hash_all(step_dir, present, _try_sha256)):
+    if isinstance(digest, OSError):
+      problems.append(f"{name}: cannot be read ({digest.strerror or digest})")
+    elif digest != files[name].get("sha256"):
       problems.append(f"{name}: SHA-256 differs from the manifest (bytes"
                       " altered)")
   return sorted(problems)
+
+
+def summary(problems: Sequence[str], shown: int = 5) -> str:
+  """`check`'s problems on one line: the first `shown`, and how many more."""
+  more = len(problems) - shown
+  return "; ".join(problems[:shown]) + (f" (and {more} more)" if more > 0
+                                        else "")

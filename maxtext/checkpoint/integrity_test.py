@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -71,6 +72,45 @@ class ManifestTest(absltest.TestCase):
     os.remove(manifest)
     self.assertEqual(integrity.check(self.dir),
                      [f"{integrity.MANIFEST_FILENAME} is missing"])
+
+  def test_manifest_that_cannot_be_read_or_points_outside_is_a_problem(self):
+    manifest = self._path(integrity.MANIFEST_FILENAME)
+    os.remove(manifest)
+    os.mkdir(manifest)
+    [problem] = integrity.check(self.dir)
+    self.assertIn(f"{integrity.MANIFEST_FILENAME} cannot be read", problem)
+    os.rmdir(manifest)
+    for name in ("../outside.bin", "/etc/hostname", "sub/../../x"):
+      with open(manifest, "w") as f:
+        json.dump({"version": 1, "files": {name: {"size": 1, "sha256": ""}}},
+                  f)
+      self.assertEqual(integrity.check(self.dir), [
+          f"{integrity.MANIFEST_FILENAME} names files outside its folder:"
+          f" [{name!r}]"])
+
+  def test_files_that_are_not_files_or_cannot_be_read_are_problems(self):
+    os.remove(self._path("a.bin"))
+    os.symlink("/dev/zero", self._path("a.bin"))  # Somewhere surprising.
+    os.remove(self._path("sub/b.json"))
+    os.symlink(self._path("nowhere"), self._path("sub/b.json"))
+    real_sha256 = integrity._sha256
+
+    def sha256(path):
+      if path.endswith("deeper/c"):
+        raise PermissionError(13, "Permission denied", path)
+      return real_sha256(path)
+
+    with mock.patch.object(integrity, "_sha256", sha256):
+      self.assertEqual(integrity.check(self.dir), [
+          "a.bin: not a regular file", "sub/b.json: not a regular file",
+          "sub/deeper/c: cannot be read (Permission denied)"])
+
+  def test_problems_in_one_line(self):
+    problems = [f"f{i}: missing" for i in range(7)]
+    self.assertEqual(integrity.summary(problems),
+                     "f0: missing; f1: missing; f2: missing; f3: missing;"
+                     " f4: missing (and 2 more)")
+    self.assertEqual(integrity.summary(problems[:1]), "f0: missing")
 
   def test_shards_split_the_files_between_processes(self):
     os.remove(self._path("sub/deeper/c"))

@@ -384,8 +384,7 @@ def restore_newest(checkpointers: list[Checkpointer], abstract_state: Any, *,
     path = ckpt.step_path(step)
     problems = ckpt.check(step)
     if problems:
-      problem = "; ".join(problems[:5]) + (
-          f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
+      problem = integrity.summary(problems)
       logging.warning("Checkpoint of step %d (%s) is corrupt: %s. Trying an"
                       " older one.", step, path, problem)
       failures.append((ckpt, step, problem))

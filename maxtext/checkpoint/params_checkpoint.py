@@ -15,7 +15,16 @@ checkpoint (`<workdir>/checkpoints/<step>/state`, parameters plus optimizer
 state) is read by `load_training_params(step_dir)`, which restores the
 model's variables only (not the optimizer state); its model config comes
 from `<workdir>/config.json`.
-`load_params(path)` accepts either (or a workdir: its latest checkpoint).
+`load_params(path)` accepts either (or a workdir: its newest usable
+checkpoint).
+
+Every read is verified as `train` verifies a resume: a training checkpoint's
+files against its manifest (`maxtext.checkpoint.integrity`) before anything
+is parsed, with its model config from the run that saved that step; a
+converted checkpoint's against the manifest `save_converted` writes (those
+converted before it have none, and are read with a warning); and every
+floating-point parameter must be finite. Given a workdir, a checkpoint
+failing any of these is reported and the next older one read.
 
 Parameters are restored onto one device (the first), replicated, one array
 at a time; with `lazy=True` each is a `LazyParam`, read when indexed, so an
@@ -28,23 +37,25 @@ import json
 import os
 from typing import Any
 
+from absl import logging
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from maxtext.checkpoint import integrity
 from maxtext.checkpoint.manager import STATE_ITEM
 from maxtext.common import model_config
+from maxtext.common import workdir as workdir_lib
 from maxtext.common.model_config import ModelConfig
 from maxtext.models import execution as execution_lib
 from maxtext.models import registry
 
 MODEL_CONFIG_FILENAME = "model_config.json"
 PARAMS_DIRNAME = "params"
-# The train binary's workdir layout (maxtext.common.workdir); not imported,
-# trainers sit above checkpoint.
-WORKDIR_CONFIG_FILENAME = "config.json"
-CHECKPOINTS_DIRNAME = "checkpoints"
+WORKDIR_CONFIG_FILENAME = workdir_lib.CONFIG_FILENAME
+CHECKPOINTS_DIRNAME = workdir_lib.CHECKPOINT_DIRNAME
 # A converted checkpoint's own tokenizer (`tokenizer_path`).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
@@ -115,6 +126,7 @@ def save_converted(out_dir: str, cfg: ModelConfig,
   with ocp.Checkpointer(ocp.StandardCheckpointHandler(
       save_concurrent_gb=in_flight_gb)) as checkpointer:
     checkpointer.save(params_dir, args=ocp.args.StandardSave(params))
+  integrity.write_manifest(params_dir)
   with open(os.path.join(out_dir, MODEL_CONFIG_FILENAME), "w",
             encoding="utf-8") as f:
     json.dump(cfg.to_dict(), f, indent=2)
@@ -196,6 +208,11 @@ def _restore(path: str, cfg: ModelConfig, *, params_key: str | None,
           f"{e}") from e
     for key in keys:
       restored = restored[key]
+    if (jnp.issubdtype(abstract.dtype, jnp.inexact) and
+        not bool(jnp.all(jnp.isfinite(restored)))):
+      raise ParamsCheckpointError(
+          f"Parameter {'/'.join(map(str, keys))} in {path} holds NaN or"
+          " infinite values.")
     return restored
 
   def leaf(key_path, abstract):
@@ -217,9 +234,21 @@ def load_converted(checkpoint_dir: str, *, lazy: bool = False
   checkpoint_dir = os.path.abspath(checkpoint_dir)
   config_path = os.path.join(checkpoint_dir, MODEL_CONFIG_FILENAME)
   cfg = _model_config(_read_json(config_path), config_path)
-  params = _restore(os.path.join(checkpoint_dir, PARAMS_DIRNAME), cfg,
-                    params_key=None, lazy=lazy)
-  return cfg, params
+  params_dir = os.path.join(checkpoint_dir, PARAMS_DIRNAME)
+  if os.path.lexists(os.path.join(params_dir, integrity.MANIFEST_FILENAME)):
+    _verify(params_dir)
+  else:  # Converted before manifests were written.
+    logging.warning("%s has no %s: its files cannot be verified.",
+                    params_dir, integrity.MANIFEST_FILENAME)
+  return cfg, _restore(params_dir, cfg, params_key=None, lazy=lazy)
+
+
+def _verify(folder: str) -> None:
+  """Raises `ParamsCheckpointError` unless `folder` matches its manifest."""
+  problems = integrity.check(folder)
+  if problems:
+    raise ParamsCheckpointError(
+        f"Checkpoint {folder} is corrupt: {integrity.summary(problems)}.")
 
 
 def training_workdir(step_dir: str) -> str:
@@ -227,17 +256,31 @@ def training_workdir(step_dir: str) -> str:
   return os.path.dirname(os.path.dirname(os.path.abspath(step_dir)))
 
 
+def _step_config_path(step_dir: str) -> str:
+  """The workdir config of the run that saved training checkpoint
+  `step_dir` (`workdir.step_config_path`)."""
+  workdir, name = training_workdir(step_dir), os.path.basename(step_dir)
+  if name.isdigit() and os.path.isdir(workdir):
+    return workdir_lib.step_config_path(workdir, int(name))
+  return os.path.join(workdir, WORKDIR_CONFIG_FILENAME)
+
+
 def load_training_params(step_dir: str, *, lazy: bool = False
                          ) -> tuple[ModelConfig, dict[str, Any]]:
   """(ModelConfig, `model_params` tree) of a train-binary checkpoint: its
   `params` and `model_state`; the optimizer state and the rest are not read.
 
+  The checkpoint's files are first verified against its manifest (as
+  `train` does before restoring), and its model config is that of the run
+  that saved the step (`workdir.step_config_path`).
+
   Raises:
-    ParamsCheckpointError: the checkpoint or `<workdir>/config.json` is
-      missing or unreadable (names it).
+    ParamsCheckpointError: the checkpoint or its config is missing,
+      unreadable, corrupt, or holds NaN or infinity (names it).
   """
-  config_path = os.path.join(training_workdir(step_dir),
-                             WORKDIR_CONFIG_FILENAME)
+  step_dir = os.path.abspath(step_dir)
+  _verify(step_dir)
+  config_path = _step_config_path(step_dir)
   config = _read_json(config_path)
   if "model" not in config:
     raise ParamsCheckpointError(f"{config_path} has no 'model' section.")
@@ -250,28 +293,42 @@ def load_training_params(step_dir: str, *, lazy: bool = False
   return cfg, _merge(params, model_state)
 
 
-def _latest_step_dir(checkpoints_dir: str) -> str:
-  steps = [int(name) for name in os.listdir(checkpoints_dir) if name.isdigit()]
+def _load_newest(checkpoints_dir: str, *, lazy: bool
+                 ) -> tuple[ModelConfig, dict[str, Any]]:
+  """`load_training_params` of the newest usable checkpoint in
+  `checkpoints_dir`: a corrupt or unreadable one is reported and the next
+  older one read, as `train` resumes (nothing is renamed: a reader leaves
+  the workdir as it is). With `lazy`, values are checked only when read."""
+  steps = sorted((int(name) for name in os.listdir(checkpoints_dir)
+                  if name.isdigit()), reverse=True)
   if not steps:
     raise ParamsCheckpointError(f"No finished checkpoint in {checkpoints_dir}.")
-  return os.path.join(checkpoints_dir, str(max(steps)))
+  failures = []
+  for step in steps:
+    try:
+      return load_training_params(os.path.join(checkpoints_dir, str(step)),
+                                  lazy=lazy)
+    except ParamsCheckpointError as e:
+      logging.warning("%s Trying an older checkpoint.", e)
+      failures.append(str(e))
+  raise ParamsCheckpointError(
+      f"No usable checkpoint in {checkpoints_dir}: {' '.join(failures)}")
 
 
 def tokenizer_path(checkpoint: str) -> str | None:
   """The tokenizer file that belongs to `checkpoint`, or None.
 
   A converted checkpoint's own tokenizer.json / tokenizer.model; for a
-  training checkpoint or workdir, the `data.tokenizer` of the workdir's
-  config.json (None when that is empty).
+  training checkpoint, the `data.tokenizer` of the config it was saved with
+  (a workdir: of its config.json), None when that is empty.
   """
   checkpoint = os.path.abspath(checkpoint)
   for name in TOKENIZER_FILES:
     if os.path.isfile(os.path.join(checkpoint, name)):
       return os.path.join(checkpoint, name)
-  workdir = checkpoint
+  config_path = os.path.join(checkpoint, WORKDIR_CONFIG_FILENAME)
   if not os.path.isdir(os.path.join(checkpoint, CHECKPOINTS_DIRNAME)):
-    workdir = training_workdir(checkpoint)
-  config_path = os.path.join(workdir, WORKDIR_CONFIG_FILENAME)
+    config_path = _step_config_path(checkpoint)
   if os.path.isfile(config_path):
     return _read_json(config_path).get("data", {}).get("tokenizer") or None
   return None
@@ -291,8 +348,7 @@ def load_params(path: str, *, lazy: bool = False
   if os.path.isdir(os.path.join(path, STATE_ITEM)):
     return load_training_params(path, lazy=lazy)
   if os.path.isdir(os.path.join(path, CHECKPOINTS_DIRNAME)):
-    return load_training_params(
-        _latest_step_dir(os.path.join(path, CHECKPOINTS_DIRNAME)), lazy=lazy)
+    return _load_newest(os.path.join(path, CHECKPOINTS_DIRNAME), lazy=lazy)
   raise ParamsCheckpointError(
       f"{path} is not a checkpoint: expected a converted checkpoint (with "
       f"{MODEL_CONFIG_FILENAME}), a training checkpoint "

@@ -16,6 +16,8 @@ import transformers
 from configs import deepseek3
 from configs import llama3
 from maxtext.checkpoint import hf_convert
+from maxtext.checkpoint import integrity
+from maxtext.checkpoint import manager as checkpoint_lib
 from maxtext.checkpoint import params_checkpoint
 from maxtext.layers import moe
 from maxtext.trainers import pretrain
@@ -137,6 +139,9 @@ class TrainingCheckpointTest(parameterized.TestCase):
     step_dir = os.path.join(self.create_tempdir().full_path, "checkpoints",
                             "3")
     os.makedirs(os.path.join(step_dir, "state"))
+    with open(os.path.join(step_dir, "state", "_METADATA"), "w") as f:
+      f.write("{}")
+    integrity.write_manifest(step_dir)  # Intact; only the config is missing.
     with self.assertRaisesRegex(params_checkpoint.ParamsCheckpointError,
                                 r"config.json does not exist"):
       params_checkpoint.load_params(step_dir)
@@ -148,19 +153,105 @@ class TrainingCheckpointTest(parameterized.TestCase):
                                 "model_config.json: invalid model config"):
       params_checkpoint.load_params(folder.full_path)
 
-  def test_corrupt_checkpoint_fails_export_before_writing(self):
+  def test_readers_verify_like_train_and_fall_back_to_older_steps(self):
     workdir = self.create_tempdir().full_path
-    pretrain.train(_tiny_config(scan_layers=True), workdir)
-    step_dir = os.path.join(workdir, "checkpoints", "2")
-    for root, _, files in os.walk(os.path.join(step_dir, "state")):
-      for name in files:
-        if name != "_CHECKPOINT_METADATA":
-          os.remove(os.path.join(root, name))
+    config = _tiny_config(scan_layers=True)
+    result = pretrain.train(config, workdir)
+    checkpoints = os.path.join(workdir, "checkpoints")
+    step = {s: os.path.join(checkpoints, str(s)) for s in (1, 2, 3)}
+    _, want1 = params_checkpoint.load_params(step[1])
+    _, want2 = params_checkpoint.load_params(step[2])
+
+    # Each step's model config and tokenizer are those of the run that
+    # saved it: a run resumed at step 1 with a changed config saved step 2.
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+      resumed = json.load(f)
+    resumed["model"]["dtype"] = "bfloat16"
+    resumed["data"]["tokenizer"] = "/resumed/tokenizer.json"
+    with open(os.path.join(workdir, "config_step1.json"), "w",
+              encoding="utf-8") as f:
+      json.dump(resumed, f)
+    self.assertEqual(params_checkpoint.load_params(step[1])[0].dtype,
+                     "float32")
+    self.assertEqual(params_checkpoint.load_params(step[2])[0].dtype,
+                     "bfloat16")
+    self.assertEqual(params_checkpoint.tokenizer_path(step[2]),
+                     "/resumed/tokenizer.json")
+    self.assertIsNone(params_checkpoint.tokenizer_path(step[1]))
+    os.remove(os.path.join(workdir, "config_step1.json"))
+
+    # Step 3 as a run without the state check could have saved it: NaN
+    # parameters, its manifest intact.
+    checkpointer = checkpoint_lib.Checkpointer(
+        checkpoints, max_to_keep=5, async_save=False)
+    tree, data_state = checkpointer.restore(result.state.checkpoint_tree(), 2)
+    tree["params"] = jax.tree.map(lambda x: x * jnp.nan, tree["params"])
+    checkpointer.save(3, tree, data_state)
+    checkpointer.close()
+    # Step 2 with one byte flipped.
+    state_files = sorted(
+        os.path.join(root, name)
+        for root, _, names in os.walk(os.path.join(step[2], "state"))
+        for name in names if name != "_CHECKPOINT_METADATA")
+    biggest = max(state_files, key=os.path.getsize)
+    with open(biggest, "r+b") as f:
+      byte = f.read(1)
+      f.seek(0)
+      f.write(bytes([byte[0] ^ 1]))
+
+    with self.assertRaisesRegex(params_checkpoint.ParamsCheckpointError,
+                                "Parameter .* holds NaN or infinite"):
+      params_checkpoint.load_params(step[3])
+    _, lazy = params_checkpoint.load_params(step[3], lazy=True)
+    with self.assertRaisesRegex(params_checkpoint.ParamsCheckpointError,
+                                f"in {step[3]}/state holds NaN"):
+      jax.tree.leaves(lazy)[0][...]
+    with self.assertRaisesRegex(
+        params_checkpoint.ParamsCheckpointError,
+        f"Checkpoint {step[2]} is corrupt: state/.* SHA-256 differs"):
+      params_checkpoint.load_params(step[2])
+    # The workdir reads as step 1, naming what it passed over, and is left
+    # as it was (a reader renames nothing).
+    with self.assertLogs(level="WARNING") as logs:
+      _, got = params_checkpoint.load_params(workdir)
+    jax.tree.map(np.testing.assert_array_equal, got, want1)
+    self.assertFalse(jax.tree.all(jax.tree.map(np.array_equal, got, want2)))
+    logged = "\n".join(logs.output)
+    self.assertIn(f"Checkpoint {step[2]} is corrupt", logged)
+    self.assertIn("holds NaN", logged)
+    self.assertEqual(sorted(os.listdir(checkpoints)), ["1", "2", "3"])
+
+    # An export of the corrupt step fails before writing anything.
     out = os.path.join(self.create_tempdir().full_path, "hf")
     with self.assertRaisesRegex(hf_convert.ConversionError,
-                                f"Parameters in {step_dir}/state could not"):
-      hf_convert.orbax_to_hf(step_dir, out)
+                                f"Checkpoint {step[2]} is corrupt"):
+      hf_convert.orbax_to_hf(step[2], out)
     self.assertFalse(os.path.exists(out))
+    # No step usable: one error naming each.
+    os.remove(os.path.join(step[1], "maxtext_manifest.json"))
+    with self.assertRaisesRegex(
+        params_checkpoint.ParamsCheckpointError,
+        f"No usable checkpoint in {checkpoints}: .*{step[3]}.*{step[2]} is"
+        f" corrupt.*{step[1]} is corrupt: maxtext_manifest.json is missing"):
+      params_checkpoint.load_params(workdir)
+
+  def test_converted_checkpoints_are_verified(self):
+    cfg, params = params_checkpoint.load_params(os.path.join(
+        os.path.dirname(__file__), "testdata", "before_execution",
+        "converted"))
+    out = self.create_tempdir().full_path
+    params_checkpoint.save_converted(out, cfg, params)
+    self.assertEqual(params_checkpoint.load_params(out)[0], cfg)
+    manifest = os.path.join(out, "params", "maxtext_manifest.json")
+    with open(manifest, encoding="utf-8") as f:
+      [name] = [n for n in json.load(f)["files"] if n.startswith("d/")][:1]
+    with open(os.path.join(out, "params", name), "ab") as f:
+      f.write(b"\0")
+    with self.assertRaisesRegex(
+        params_checkpoint.ParamsCheckpointError,
+        f"Checkpoint {out}/params is corrupt: {name}: .* bytes, the manifest"
+        " says"):
+      params_checkpoint.load_params(out)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import socket
 import time
 from typing import Any
@@ -139,6 +140,18 @@ def write_config(workdir: str, config: dict[str, Any], *, step: int) -> str:
   logging.warning("Config differs from %s in %s; wrote %s.",
                   os.path.join(workdir, CONFIG_FILENAME), changed, path)
   return path
+
+
+def step_config_path(workdir: str, step: int) -> str:
+  """The config file (`write_config`'s) of the run that saved the checkpoint
+  of `step`: the `config_step<N>.json` of the latest resume before `step`
+  (N < step), or `config.json`."""
+  resumes = [int(name[len("config_step"):-len(".json")])
+             for name in os.listdir(workdir)
+             if re.fullmatch(r"config_step\d+\.json", name)]
+  earlier = [n for n in resumes if n < step]
+  return os.path.join(workdir, f"config_step{max(earlier)}.json"
+                      if earlier else CONFIG_FILENAME)
 
 
 def _diff(a: Any, b: Any, prefix: str = "") -> set[str]:

@@ -112,6 +112,18 @@ class WriteConfigTest(absltest.TestCase):
     with open(path) as f:
       self.assertEqual(json.load(f), changed)
 
+  def test_each_checkpoint_has_the_config_of_the_run_that_saved_it(self):
+    root = self.create_tempdir().full_path
+    workdir.write_config(root, {"train": {"steps": 10}}, step=0)
+    workdir.write_config(root, {"train": {"steps": 20}}, step=10)
+    workdir.write_config(root, {"train": {"steps": 30}}, step=20)
+    # Step 10 was saved before the resume at 10; step 11 after it.
+    for step, name in ((1, "config.json"), (10, "config.json"),
+                       (11, "config_step10.json"), (20, "config_step10.json"),
+                       (25, "config_step20.json")):
+      self.assertEqual(workdir.step_config_path(root, step),
+                       os.path.join(root, name), step)
+
 
 if __name__ == "__main__":
   absltest.main()
