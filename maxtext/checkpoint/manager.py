@@ -58,6 +58,14 @@ ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
 CORRUPT_MARK = ".corrupt-"
 
 
+# (the saved state's metadata tree, the abstract state wanted) -> (the
+# abstract tree to restore into, the function that makes the wanted state of
+# the restored one). Lets a run resume from a checkpoint whose layout a
+# config change altered (e.g. the update guard switched on), each checkpoint
+# converted from its own layout; `_check_fits` then checks the target.
+Migration = Callable[[Any, Any], tuple[Any, Callable[[Any], Any]]]
+
+
 class CheckpointError(RuntimeError):
   """A checkpoint is missing or cannot be read; the message names its path."""
 
@@ -229,8 +237,8 @@ class Checkpointer:
                           " manifest (see its log)"]
     return []
 
-  def _check_fits(self, step: int, abstract_state: Any) -> None:
-    """Raises `CheckpointMismatchError` if `step` holds another model."""
+  def _saved_state(self, step: int) -> Any:
+    """The metadata tree (shapes, dtypes) of `step`'s state item."""
     path = self.step_path(step)
     try:
       saved = self._manager.item_metadata(step)[STATE_ITEM]
@@ -240,6 +248,12 @@ class Checkpointer:
           f" {type(e).__name__}: {e}") from e
     if saved is None:
       raise CheckpointError(f"Checkpoint {path} has no '{STATE_ITEM}' item.")
+    return saved
+
+  def _check_fits(self, step: int, saved: Any, abstract_state: Any) -> None:
+    """Raises `CheckpointMismatchError` if `step` (`saved`: its state's
+    metadata) holds another model than `abstract_state`."""
+    path = self.step_path(step)
     saved_shapes = _shapes(saved)
     want_shapes = _shapes(abstract_state)
     differences = {
@@ -261,8 +275,8 @@ class Checkpointer:
           f" {shown}{more}. Resume with the config it was saved with, or use"
           " a new workdir.")
 
-  def restore(self, abstract_state: Any,
-              step: int | None = None) -> tuple[Any, dict[str, Any]]:
+  def restore(self, abstract_state: Any, step: int | None = None, *,
+              migrate: Migration | None = None) -> tuple[Any, dict[str, Any]]:
     """Restores a checkpoint into the structure of `abstract_state`.
 
     The files are not verified against the manifest here (see `check` and
@@ -272,6 +286,8 @@ class Checkpointer:
       abstract_state: Pytree of `jax.ShapeDtypeStruct` (with shardings) or
         arrays, the same structure the checkpoint was saved from.
       step: The step to restore; None means the latest.
+      migrate: Converts a checkpoint saved in another layout (see
+        `Migration`).
 
     Returns:
       (state, data_state).
@@ -290,12 +306,15 @@ class Checkpointer:
       raise CheckpointError(
           f"Checkpoint {path} does not exist; checkpoints in"
           f" {self.directory}: {self.all_steps() or 'none'}.")
-    self._check_fits(step, abstract_state)
+    saved = self._saved_state(step)
+    target, convert = (migrate(saved, abstract_state) if migrate else
+                       (abstract_state, None))
+    self._check_fits(step, saved, target)
     try:
       restored = self._manager.restore(
           step,
           args=ocp.args.Composite(**{
-              STATE_ITEM: ocp.args.StandardRestore(abstract_state),
+              STATE_ITEM: ocp.args.StandardRestore(target),
               DATA_ITEM: ocp.args.JsonRestore(),
           }))
     except Exception as e:  # Orbax and TensorStore raise many kinds.
@@ -306,7 +325,8 @@ class Checkpointer:
     if not isinstance(data_state, dict):
       raise CheckpointError(
           f"Checkpoint {path}: the '{DATA_ITEM}' item is not a JSON object.")
-    return restored[STATE_ITEM], dict(data_state)
+    state = restored[STATE_ITEM]
+    return (convert(state) if convert else state), dict(data_state)
 
   def quarantine(self, step: int) -> str:
     """Renames the folder of `step` out of the way; returns its new path.
@@ -350,8 +370,8 @@ class Restored:
 
 
 def restore_newest(checkpointers: list[Checkpointer], abstract_state: Any, *,
-                   check: Callable[[Any], str | None] | None = None
-                   ) -> Restored | None:
+                   check: Callable[[Any], str | None] | None = None,
+                   migrate: Migration | None = None) -> Restored | None:
   """Restores the newest usable checkpoint of any tier.
 
   Candidates are tried newest first (on a tie, the earlier checkpointer in
@@ -366,6 +386,8 @@ def restore_newest(checkpointers: list[Checkpointer], abstract_state: Any, *,
       `Checkpointer.restore`).
     check: What is wrong with a restored state (e.g. "holds NaN"), or None
       when it is usable.
+    migrate: Converts checkpoints saved in another layout (`Migration`);
+      each candidate is converted from its own.
 
   Returns:
     The restored checkpoint, or None when no tier has any.
@@ -390,7 +412,7 @@ def restore_newest(checkpointers: list[Checkpointer], abstract_state: Any, *,
       failures.append((ckpt, step, problem))
       continue
     try:
-      state, data_state = ckpt.restore(abstract_state, step)
+      state, data_state = ckpt.restore(abstract_state, step, migrate=migrate)
     except CheckpointMismatchError:
       raise
     except CheckpointError as e:

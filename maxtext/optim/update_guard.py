@@ -19,8 +19,16 @@ The guard's state is part of the optimizer state, so it is checkpointed: a
 resumed run decides exactly as an uninterrupted one. `step_metrics` reads
 "train/skipped" (1 when this update was skipped) and "train/skipped_steps"
 (skipped so far) from it.
+
+The guard can be switched on or off, and its window resized, when a run
+resumes: `restore_target` says what to restore a checkpoint's optimizer
+state into and how to turn that into the state the resumed run wants. The
+inner optimizer state always carries over; a guard switched on (or a window
+resized) starts a fresh window, so spikes are looked for again once W new
+updates are accepted, and the skipped count carries over when there was one.
 """
 
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -117,3 +125,65 @@ def step_metrics(opt_state: Any) -> dict[str, jax.Array]:
     return {}
   return {"train/skipped": opt_state.skipped.astype(jnp.float32),
           "train/skipped_steps": opt_state.num_skipped}
+
+
+def _fresh(like: jax.ShapeDtypeStruct, value=0) -> jax.Array:
+  """A `like`-shaped array of `value`, placed as `like` (every process)."""
+  return jax.jit(lambda: jnp.full(like.shape, value, like.dtype),
+                 out_shardings=like.sharding)()
+
+
+def _replicated(tree: Any):
+  """A sharding that replicates over the devices `tree`'s leaves are on."""
+  sharding = jax.tree.leaves(tree)[0].sharding
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    return jax.sharding.NamedSharding(sharding.mesh,
+                                      jax.sharding.PartitionSpec())
+  return sharding
+
+
+def _is_saved_guard(saved: Any) -> bool:
+  """Whether checkpoint metadata `saved` is a `GuardState` (saved as a dict
+  of its fields)."""
+  return isinstance(saved, Mapping) and set(saved) == set(GuardState._fields)
+
+
+def restore_target(saved: Any, wanted: Any
+                   ) -> tuple[Any, Callable[[Any], Any]]:
+  """(what to restore, how to convert it) for a checkpoint's optimizer state.
+
+  Args:
+    saved: The checkpoint's metadata of the optimizer state (Orbax's tree:
+      a `GuardState` reads as a dict of its fields).
+    wanted: The resumed run's abstract optimizer state (shapes, dtypes and
+      shardings), a `GuardState` when its guard is on.
+
+  Returns:
+    The abstract tree to restore the saved optimizer state into, and the
+    function that makes the wanted state of the restored one (the identity
+    when nothing changed).
+  """
+  saved_guard = _is_saved_guard(saved)
+  if isinstance(wanted, GuardState) and not saved_guard:  # Switched on.
+    return wanted.inner_state, lambda inner: GuardState(
+        inner_state=inner, recent=_fresh(wanted.recent),
+        num_accepted=_fresh(wanted.num_accepted),
+        num_skipped=_fresh(wanted.num_skipped), skipped=_fresh(wanted.skipped))
+  if isinstance(wanted, GuardState):
+    if tuple(saved["recent"].shape) == wanted.recent.shape:
+      return wanted, lambda state: state
+    # Resized: the saved counts, a fresh window.
+    target = wanted._replace(recent=jax.ShapeDtypeStruct(
+        tuple(saved["recent"].shape), wanted.recent.dtype,
+        sharding=wanted.recent.sharding))
+    return target, lambda state: state._replace(
+        recent=_fresh(wanted.recent), num_accepted=_fresh(wanted.num_accepted))
+  if not saved_guard:
+    return wanted, lambda state: state
+  # Switched off: the saved guard is restored, its inner state kept.
+  replicated = _replicated(wanted)
+  fields = {name: jax.ShapeDtypeStruct(tuple(saved[name].shape),
+                                       saved[name].dtype, sharding=replicated)
+            for name in GuardState._fields if name != "inner_state"}
+  return (GuardState(inner_state=wanted, **fields),
+          lambda state: state.inner_state)

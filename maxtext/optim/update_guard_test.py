@@ -123,6 +123,61 @@ class UpdateGuardTest(parameterized.TestCase):
     self.assertEqual(labels.inner_state[0].mu, {"w": "param", "b": "param"})
     self.assertEqual(state.recent.shape, (7, 2))
 
+  def test_a_checkpoint_restores_with_the_guard_switched_or_resized(self):
+    # What Orbax's metadata holds for a saved state: a GuardState as a dict
+    # of its fields, leaves with shapes and dtypes.
+    def saved(state):
+      meta = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          state)
+      return (meta._asdict() if isinstance(state, update_guard.GuardState)
+              else meta)
+
+    def abstract(state):
+      return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+          x.shape, x.dtype, sharding=x.sharding), state)
+
+    def guarded(window):
+      return update_guard.skip_bad_updates(
+          optax.adam(1e-2), skip_nonfinite=True, spike_zscore=1.0,
+          spike_window=window)
+
+    params = _params()
+    grads = jax.tree.map(jnp.ones_like, params)
+    on = guarded(2).init(params)
+    for loss in (1.0, 2.0, 1e6):  # The third is a spike: one skip.
+      _, on = guarded(2).update(grads, on, params, value=jnp.float32(loss))
+    self.assertEqual(int(on.num_skipped), 1)
+    off = on.inner_state
+
+    # Switched off: the saved guard is restored, its inner state kept.
+    target, convert = update_guard.restore_target(saved(on), abstract(off))
+    self.assertEqual(jax.tree.structure(target), jax.tree.structure(on))
+    jax.tree.map(np.testing.assert_array_equal, convert(on), off)
+    # Switched on: the inner state as saved, a fresh guard.
+    target, convert = update_guard.restore_target(
+        saved(off), abstract(guarded(2).init(params)))
+    self.assertEqual(jax.tree.structure(target), jax.tree.structure(off))
+    fresh = convert(off)
+    jax.tree.map(np.testing.assert_array_equal, fresh.inner_state, off)
+    self.assertEqual((int(fresh.num_accepted), int(fresh.num_skipped)), (0, 0))
+    np.testing.assert_array_equal(fresh.recent, np.zeros((2, 2)))
+    # Resized window: the counts and inner state carry over, the window
+    # starts again.
+    target, convert = update_guard.restore_target(
+        saved(on), abstract(guarded(5).init(params)))
+    self.assertEqual(target.recent.shape, (2, 2))
+    resized = convert(on)
+    self.assertEqual(resized.recent.shape, (5, 2))
+    self.assertEqual((int(resized.num_accepted), int(resized.num_skipped)),
+                     (0, 1))
+    jax.tree.map(np.testing.assert_array_equal, resized.inner_state, off)
+    # Unchanged either way: restored as is.
+    for state in (on, off):
+      target, convert = update_guard.restore_target(saved(state),
+                                                    abstract(state))
+      self.assertEqual(jax.tree.structure(target), jax.tree.structure(state))
+      self.assertIs(convert(state), state)
+
   def test_unguarded_state_has_no_metrics(self):
     self.assertEqual(
         update_guard.step_metrics(optax.adam(1e-3).init(_params())), {})

@@ -31,6 +31,7 @@ from maxtext.data import pipeline
 from maxtext.metrics import flops
 from maxtext.metrics import goodput as goodput_lib
 from maxtext.metrics import writers
+from maxtext.optim import update_guard
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.trainers import eval_step as eval_step_lib
 from maxtext.trainers import hooks as hooks_lib
@@ -114,6 +115,15 @@ def _nonfinite(tree) -> str | None:
   return "holds NaN or infinite values"
 
 
+def _guard_switched(saved: Any, wanted: dict[str, Any]):
+  """A `checkpoint.Migration`: resumes with the update guard switched on or
+  off, or its window resized, since the checkpoint was saved."""
+  target, convert = update_guard.restore_target(saved["opt_state"],
+                                                wanted["opt_state"])
+  return ({**wanted, "opt_state": target},
+          lambda tree: {**tree, "opt_state": convert(tree["opt_state"])})
+
+
 def prepare(experiment: ExperimentConfig,
             checkpointers: Sequence[checkpoint_lib.Checkpointer] = (), *,
             compile_fn: CompileFn | None = None) -> Prepared:
@@ -129,7 +139,8 @@ def prepare(experiment: ExperimentConfig,
   data_state = None
   abstract = inputs.abstract_state
   restored = checkpoint_lib.restore_newest(
-      list(checkpointers), abstract.checkpoint_tree(), check=_nonfinite)
+      list(checkpointers), abstract.checkpoint_tree(), check=_nonfinite,
+      migrate=_guard_switched)
   if restored is not None:
     state = abstract.replace_checkpoint_tree(restored.state)
     data_state = restored.data_state

@@ -105,6 +105,34 @@ class PretrainTest(absltest.TestCase):
         self.assertEqual(resumed_metrics[step][key],
                          straight_metrics[step][key], (step, key))
 
+  def test_guards_switch_on_and_off_when_resuming(self):
+    steps = 6
+    straight = pretrain.train(_tiny_config(self.text_file, steps=steps),
+                              os.path.join(self.root, "straight"))
+    workdir = os.path.join(self.root, "switched")
+    pretrain.train(_tiny_config(self.text_file, steps=steps), workdir,
+                   hooks=[hooks_lib.StopAtStep(2)])
+    guarded = _tiny_config(self.text_file, steps=steps)
+    # Lenient enough to skip nothing here: the result must equal the
+    # unguarded run's.
+    guarded.train.update(skip_nonfinite=True, spike_zscore=1e3,
+                         spike_window=2)
+    self.assertEqual(pretrain.train(guarded, workdir, hooks=[
+        hooks_lib.StopAtStep(5)]).step, 5)
+    resumed = pretrain.train(_tiny_config(self.text_file, steps=steps),
+                             workdir)
+    self.assertEqual(resumed.step, steps)
+    metrics = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    self.assertEqual([metrics[step].get("train/skipped_steps")
+                      for step in range(1, steps + 1)],
+                     [None, None, 0, 0, 0, None])
+    # The guard's arithmetic changes XLA's fusions: rounding differs (1e-8),
+    # a skipped or doubled update would differ by the learning rate.
+    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
+                                                    atol=1e-7)
+    jax.tree.map(close, resumed.state.params, straight.state.params)
+    jax.tree.map(close, resumed.state.opt_state, straight.state.opt_state)
+
   def test_corrupt_latest_checkpoint_is_named(self):
     workdir = os.path.join(self.root, "corrupt")
     pretrain.train(_tiny_config(self.text_file, steps=2), workdir)
