@@ -31,9 +31,11 @@ Exit status:
   1   an error: one line on stderr names what is wrong (a config key or value,
       a path, a checkpoint's step and path, the step of a NaN); rerun with
       --verbosity=1 for the traceback. Nothing written before is lost.
-  75  preempted: SIGTERM arrived, the run saved a checkpoint at the next step
-      boundary and stopped ("Preempted after update N ..."); run the same
-      command again to resume.
+  75  preempted: SIGTERM or Ctrl-C arrived, the run saved a checkpoint at the
+      next step boundary and stopped ("Preempted after update N ..."); run
+      the same command again to resume.
+  130 a second Ctrl-C stopped the run at once; the checkpoints saved before
+      it are kept.
 """
 
 from maxtext.common import host_memory

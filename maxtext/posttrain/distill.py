@@ -279,10 +279,13 @@ def run_distill(config: PosttrainConfig,
         runtime_lib.training_config(config, workdir, runtime, data.seq_len,
                                     cls=distillation_trainer.TrainingConfig))
     try:
-      trainer.train(sft.model_batches(train_data), eval_data)
+      preempted = runtime_lib.train_until_stopped(
+          trainer, sft.model_batches(train_data), eval_data,
+          every=config.train.microbatches)
     finally:
       train_data.close()
-  return runtime_lib.finish(config, workdir, student, trainer)
+  return runtime_lib.finish(config, workdir, student, trainer,
+                            preempted=preempted)
 
 
 def run(config: ml_collections.ConfigDict,

@@ -53,7 +53,9 @@ def run_dpo(config: PosttrainConfig, workdir: str) -> runtime_lib.RunResult:
             cls=dpo_trainer.DPOTrainingConfig, algorithm=method,
             beta=dpo.beta, lambda_orpo=dpo.lambda_orpo,
             label_smoothing=dpo.label_smoothing))
-    trainer.train(preference_data.PreferenceBatches(pairs, rows,
-                                                    config.train.seed),
-                  eval_batches)
-  return runtime_lib.finish(config, workdir, loaded, trainer)
+    preempted = runtime_lib.train_until_stopped(
+        trainer, preference_data.PreferenceBatches(pairs, rows,
+                                                   config.train.seed),
+        eval_batches, every=config.train.microbatches)
+  return runtime_lib.finish(config, workdir, loaded, trainer,
+                            preempted=preempted)

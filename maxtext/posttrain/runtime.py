@@ -8,7 +8,7 @@ writers (`maxtext.metrics.writers`: the log, <workdir>/metrics.jsonl and
 TensorBoard) as `train/<name>` and `eval/<name>`, one line per update.
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 import contextlib
 import dataclasses
 import os
@@ -37,6 +37,7 @@ from maxtext.posttrain import base_model
 from maxtext.posttrain.config import PosttrainConfig
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
+from maxtext.trainers import preemption
 
 TUNIX_CHECKPOINT_DIRNAME = "tunix_checkpoints"
 # Prefixes of the metric names Tunix logs (metrics_prefix "").
@@ -86,15 +87,53 @@ class RunResult:
   """What a post-training run returns.
 
   Attributes:
-    exported: {"export"|"hf"|"peft_adapter": folder} written at the end.
+    exported: {"export"|"hf"|"peft_adapter": folder} written at the end
+      (nothing when preempted).
     trainer: The Tunix trainer after training (its metrics logger holds the
       metric history).
     model: The trained model.
+    preempted: The run stopped early on SIGTERM or Ctrl-C, after saving
+      its checkpoint (`train_until_stopped`); rerunning resumes it.
   """
 
   exported: dict[str, str]
   trainer: Any
   model: base_model.LoadedModel
+  preempted: bool = False
+
+
+def _until_stopped(batches: Iterable[Any], hook: preemption.PreemptionHook,
+                   every: int) -> Iterator[Any]:
+  """`batches`, ending at the first boundary of `every` batches (one
+  update) after the hook saw SIGTERM or Ctrl-C."""
+  for index, batch in enumerate(batches):
+    if index % every == 0 and hook.should_stop(index // every):
+      return
+    yield batch
+
+
+def train_until_stopped(trainer: Any, batches: Iterable[Any],
+                        eval_batches: Iterable[Any] | None, *,
+                        every: int = 1) -> bool:
+  """`trainer.train(batches, eval_batches)` (a Tunix trainer or learner)
+  that stops cleanly on SIGTERM or Ctrl-C (`preemption.PreemptionHook`).
+
+  The batches end at the next update boundary (`every` batches make one
+  update: the microbatches of gradient accumulation), so Tunix's loop ends
+  as if the data ran out: it saves its last checkpoint and closes. Tunix
+  resumes by skipping the batches already trained, so a rerun continues
+  from the same data position.
+
+  Returns:
+    Whether the run was stopped by a signal.
+  """
+  hook = preemption.PreemptionHook()
+  hook.on_begin(0, None)
+  try:
+    trainer.train(_until_stopped(batches, hook, every), eval_batches)
+  finally:
+    hook.close()
+  return hook.preempted_at is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +289,11 @@ def run_binary(program: str, run: Callable[[ml_collections.ConfigDict, str],
   with cli.errors_in_one_line(program), workdir_lib.exclusive(
       workdir, take=jax.process_index() == 0):
     result = run(config, workdir)
+  if result.preempted:
+    logging.warning("Stopped after update %d; its checkpoint is in %s. Run"
+                    " the same command to resume.",
+                    result.trainer.train_steps, workdir)
+    raise SystemExit(preemption.EXIT_CODE_PREEMPTED)
   logging.info("Exported %s.", result.exported)
   return result
 
@@ -268,9 +312,14 @@ def start(config: ml_collections.ConfigDict, workdir: str
 
 
 def finish(config: PosttrainConfig, workdir: str,
-           loaded: base_model.LoadedModel, trainer: Any) -> RunResult:
+           loaded: base_model.LoadedModel, trainer: Any, *,
+           preempted: bool = False) -> RunResult:
   """Exports the trained model as `config.export` asks (outside the mesh
-  context: building abstract models reads logical axis names)."""
+  context: building abstract models reads logical axis names); a preempted
+  run exports nothing."""
+  if preempted:
+    return RunResult(exported={}, trainer=trainer, model=loaded,
+                     preempted=True)
   exported = base_model.export(
       workdir, loaded, config.lora, merged=config.export.merged,
       hf=config.export.hf, peft_adapter=config.export.peft_adapter,

@@ -152,10 +152,13 @@ def run_sft(config: PosttrainConfig,
     eval_data = (EvalBatches(data, rows, vocab_size)
                  if data.eval_every_steps else None)
     try:
-      trainer.train(model_batches(train_data), eval_data)
+      preempted = runtime_lib.train_until_stopped(
+          trainer, model_batches(train_data), eval_data,
+          every=config.train.microbatches)
     finally:
       train_data.close()
-  return runtime_lib.finish(config, workdir, loaded, trainer)
+  return runtime_lib.finish(config, workdir, loaded, trainer,
+                            preempted=preempted)
 
 
 def run(config: ml_collections.ConfigDict,

@@ -3,6 +3,8 @@ completions only, accumulation equals one large batch, and bad configs are
 named."""
 
 import os
+import signal
+from unittest import mock
 
 from absl.testing import absltest
 import jax
@@ -14,8 +16,10 @@ from maxtext.data import pipeline
 from maxtext.metrics import writers
 from maxtext.posttrain import adapter
 from maxtext.posttrain import posttrain_testing as pt
+from maxtext.posttrain import runtime
 from maxtext.posttrain import sft
 from maxtext.posttrain.config import PosttrainConfig
+from maxtext.trainers import preemption
 
 
 def _log_softmax(x):
@@ -111,6 +115,52 @@ class SftTest(absltest.TestCase):
     metrics = writers.read_jsonl(os.path.join(self.folder, "resumed",
                                               "metrics.jsonl"))
     self.assertEqual(sorted(metrics), [1, 2, 3, 4])
+    got, want = (params_checkpoint.load_params(r.exported["export"])[1]
+                 for r in (resumed, straight))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+
+  def test_a_sigterm_saves_and_the_rerun_resumes_at_the_same_data(self):
+    def config(steps):
+      c = self._config(steps, mode="lora", rank=4)
+      c.optimizer.end_learning_rate_ratio = 1.0  # Constant: any run length.
+      c.train.microbatches = 2  # A stop falls between updates only.
+      c.train.checkpoint_every_steps = 4  # Only the stop saves before 4.
+      return c
+
+    real_batches = sft.model_batches
+
+    def sigterm_in_update_2(batches):
+      for index, batch in enumerate(real_batches(batches)):
+        if index == 3:  # Update 2's second microbatch.
+          os.kill(os.getpid(), signal.SIGTERM)
+        yield batch
+
+    workdir = os.path.join(self.folder, "preempted")
+    with mock.patch.object(sft, "model_batches", sigterm_in_update_2), \
+        self.assertRaises(SystemExit) as stopped:
+      runtime.run_binary("sft", sft.run, config(4), config_path="sft.py",
+                         load=None, workdir=workdir,
+                         compilation_cache_dir=None)
+    self.assertEqual(stopped.exception.code,
+                     preemption.EXIT_CODE_PREEMPTED)
+    saved = os.listdir(os.path.join(workdir,
+                                    runtime.TUNIX_CHECKPOINT_DIRNAME))
+    # Orbax saves the first update; update 2 (not a multiple of 4) was saved
+    # by the stop.
+    self.assertEqual(sorted(saved), ["1", "2"])
+    self.assertFalse(os.path.exists(os.path.join(workdir, "export")))
+
+    resumed = sft.run(config(4), workdir)
+    straight = sft.run(config(4), os.path.join(self.folder, "straight"))
+    self.assertEqual(resumed.trainer.train_steps, 4)
+    got, want = (writers.read_jsonl(os.path.join(folder, "metrics.jsonl"))
+                 for folder in (workdir, os.path.join(self.folder,
+                                                      "straight")))
+    self.assertEqual(sorted(got), [1, 2, 3, 4])
+    for step in (1, 2, 3, 4):  # The same batches, in the same order.
+      self.assertAlmostEqual(got[step]["train/loss"],
+                             want[step]["train/loss"], places=5)
     got, want = (params_checkpoint.load_params(r.exported["export"])[1]
                  for r in (resumed, straight))
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):

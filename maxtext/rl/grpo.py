@@ -273,12 +273,14 @@ def run_grpo(config: RlRunConfig, workdir: str) -> runtime_lib.RunResult:
                                  rollout_mesh=rollout_mesh,
                                  tokenizer=rl_tokenizer)
   with runtime.activate():
-    learner.train(train_batches(records, config.train.batch_size,
-                                config.data.shuffle_seed), eval_data)
+    preempted = runtime_lib.train_until_stopped(
+        learner, train_batches(records, config.train.batch_size,
+                               config.data.shuffle_seed), eval_data)
   # The actor trained the decoder `loaded` holds, unless Tunix moved it.
   actor_trainer = learner.rl_cluster.actor_trainer
   nnx.update(loaded.model.model, nnx.state(actor_trainer.model.model))
-  return runtime_lib.finish(config, workdir, loaded, actor_trainer)
+  return runtime_lib.finish(config, workdir, loaded, actor_trainer,
+                            preempted=preempted)
 
 
 def make_learner(config: RlRunConfig, workdir: str, *, load: str,

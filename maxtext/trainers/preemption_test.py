@@ -6,6 +6,7 @@ import signal
 from unittest import mock
 
 from absl.testing import absltest
+from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 
@@ -26,25 +27,29 @@ class Recorder(loop.Hook):
     self.ended_at = step
 
 
-def _step_fn(sigterm_at):
-  """A step that sends this process SIGTERM while running update
-  `sigterm_at`."""
+def _step_fn(sigterm_at, signum=signal.SIGTERM, times=1):
+  """A step that sends this process `signum` (`times` times) while running
+  update `sigterm_at`."""
 
   def step_fn(state, batch):
     del batch
     if state + 1 == sigterm_at:
-      os.kill(os.getpid(), signal.SIGTERM)
+      for _ in range(times):
+        os.kill(os.getpid(), signum)
     return state + 1, {"train/loss": jnp.asarray(1.0)}
 
   return step_fn
 
 
-class PreemptionHookTest(absltest.TestCase):
+class PreemptionHookTest(parameterized.TestCase):
 
-  def test_sigterm_stops_at_the_next_step_boundary_and_ends_the_run(self):
-    before = signal.getsignal(signal.SIGTERM)
+  @parameterized.named_parameters(("sigterm", signal.SIGTERM),
+                                  ("ctrl_c", signal.SIGINT))
+  def test_a_signal_stops_at_the_next_step_boundary_and_ends_the_run(
+      self, signum):
+    before = signal.getsignal(signum)
     hook, recorder = preemption.PreemptionHook(), Recorder()
-    state, step = loop.run_loop(0, _step_fn(sigterm_at=3),
+    state, step = loop.run_loop(0, _step_fn(sigterm_at=3, signum=signum),
                                 itertools.repeat(None), start_step=0,
                                 total_steps=10, hooks=[recorder, hook])
     self.assertEqual((state, step), (3, 3))
@@ -52,7 +57,17 @@ class PreemptionHookTest(absltest.TestCase):
     # The update in flight finished and on_end (the final checkpoint) ran.
     self.assertEqual(recorder.steps_done, [1, 2, 3])
     self.assertEqual(recorder.ended_at, 3)
-    self.assertIs(signal.getsignal(signal.SIGTERM), before)
+    self.assertIs(signal.getsignal(signum), before)
+
+  def test_a_second_ctrl_c_interrupts_at_once(self):
+    before = signal.getsignal(signal.SIGINT)
+    hook, recorder = preemption.PreemptionHook(), Recorder()
+    with self.assertRaises(KeyboardInterrupt):
+      loop.run_loop(0, _step_fn(sigterm_at=3, signum=signal.SIGINT, times=2),
+                    itertools.repeat(None), start_step=0, total_steps=10,
+                    hooks=[recorder, hook])
+    self.assertEqual(recorder.steps_done, [1, 2])  # Update 3 never ended.
+    self.assertIs(signal.getsignal(signal.SIGINT), before)
 
   def test_without_sigterm_the_run_completes(self):
     hook = preemption.PreemptionHook()
