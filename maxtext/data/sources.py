@@ -22,7 +22,8 @@ Formats (`SOURCE_KINDS`):
                memory-mapped Arrow files).
 
 Sources are built in the main process (indexing reads every text and JSONL
-file once) and pickled into grain's worker processes, where they reopen
+file once, a chunk at a time: memory grows with the number of records, not
+the size of the files) and pickled into grain's worker processes, where they reopen
 their files lazily.
 """
 
@@ -41,8 +42,10 @@ from pyarrow import parquet
 SOURCE_KINDS = ("text", "jsonl", "parquet", "arrayrecord", "arrow")
 TEXT_UNITS = ("file", "paragraph", "line")
 
-# Whitespace bytes: a line of only these is blank.
-_WHITESPACE = np.array([ord(c) for c in " \t\r\n\f\v"], np.uint8)
+# A line of only whitespace bytes (" ", and "\t\n\v\f\r": 9 to 13) is blank.
+_SPACE, _TAB, _CONTROL_SPACES = ord(" "), ord("\t"), 5
+# Text and JSONL files are indexed this many bytes at a time.
+_INDEX_CHUNK_BYTES = 1 << 20
 # Row groups of a Parquet source kept decoded per process.
 _CACHED_ROW_GROUPS = 4
 
@@ -68,13 +71,17 @@ def expand_patterns(patterns: str | Sequence[str], *,
   if not patterns:
     raise ValueError("No files given; set config.data.files.")
   keep = os.path.isdir if directories else os.path.isfile
+  kind = "folder" if directories else "file"
   paths = set()
   for pattern in patterns:
-    matches = [p for p in glob.glob(os.path.expanduser(pattern), recursive=True)
-               if keep(p)]
+    found = glob.glob(os.path.expanduser(pattern), recursive=True)
+    matches = [p for p in found if keep(p)]
     if not matches:
-      raise FileNotFoundError(
-          f"Pattern {pattern!r} matches no {'folder' if directories else 'file'}.")
+      others = (f": {found[:3]} {'is' if len(found) == 1 else 'are'} not"
+                f" {'a folder' if directories else 'a regular file'}"
+                if found else "")
+      raise FileNotFoundError(f"Pattern {pattern!r} matches no {kind}"
+                              f"{others}.")
     paths.update(matches)
   return sorted(paths)
 
@@ -112,23 +119,55 @@ class _ByteRecords:
       return f.read(self.size(index))
 
 
-def _line_table(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(starts, ends, is_blank) of every line of `data` (ends exclude "\\n")."""
-  newlines = np.flatnonzero(data == ord("\n"))
-  starts = np.concatenate([[0], newlines + 1])
-  ends = np.concatenate([newlines, [len(data)]])
-  if len(data) and data[-1] == ord("\n"):
-    starts, ends = starts[:-1], ends[:-1]
-  # Non-whitespace bytes before each position: a line is blank if it has none.
-  solid = np.concatenate([[0], np.cumsum(~np.isin(data, _WHITESPACE))])
-  return starts, ends, solid[ends] == solid[starts]
+def _line_table(path: str, chunk_bytes: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(starts, ends, is_blank) of every line of file `path` (ends exclude
+  "\\n"; a last line without "\\n" counts), read `chunk_bytes` at a time:
+  memory is one chunk's working arrays plus the index itself."""
+  starts, ends, blank = [], [], []
+  offset = 0  # Of the chunk in the file.
+  line_start, line_solid = 0, False  # The line the next chunk continues.
+  with open(path, "rb") as f:
+    while chunk := f.read(chunk_bytes):
+      data = np.frombuffer(chunk, np.uint8)
+      newlines = np.flatnonzero(data == ord("\n"))
+      # Non-whitespace bytes before each position of the chunk (uint8
+      # arithmetic wraps: bytes below 9 are not whitespace).
+      whitespace = data == _SPACE
+      whitespace |= (data - np.uint8(_TAB)) < _CONTROL_SPACES
+      solid = np.zeros(len(data) + 1, np.int32)
+      np.cumsum(~whitespace, dtype=np.int32, out=solid[1:])
+      del whitespace
+      if len(newlines):
+        local_starts = np.concatenate([[0], newlines[:-1] + 1])
+        has_solid = solid[newlines] > solid[local_starts]
+        has_solid[0] |= line_solid
+        line_starts = offset + local_starts
+        line_starts[0] = line_start
+        starts.append(line_starts)
+        ends.append(offset + newlines)
+        blank.append(~has_solid)
+        line_start = offset + int(newlines[-1]) + 1
+        line_solid = bool(solid[-1] > solid[newlines[-1] + 1])
+      else:
+        line_solid |= bool(solid[-1] > 0)
+      offset += len(data)
+  if offset > line_start:  # The last line has no newline.
+    starts.append(np.array([line_start]))
+    ends.append(np.array([offset]))
+    blank.append(np.array([not line_solid]))
+  if not starts:
+    return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)
+  return (np.concatenate(starts).astype(np.int64),
+          np.concatenate(ends).astype(np.int64), np.concatenate(blank))
 
 
-def _index_file(data: np.ndarray, unit: str):
-  """(starts, ends, first line numbers) of the records of one file."""
+def _index_file(path: str, unit: str, chunk_bytes: int | None = None):
+  """(starts, ends, first line numbers) of the records of one file, read
+  `chunk_bytes` (default `_INDEX_CHUNK_BYTES`) at a time."""
   if unit == "file":
-    return np.array([0]), np.array([len(data)]), np.array([1])
-  starts, ends, blank = _line_table(data)
+    return np.array([0]), np.array([os.path.getsize(path)]), np.array([1])
+  starts, ends, blank = _line_table(path, chunk_bytes or _INDEX_CHUNK_BYTES)
   line_numbers = np.arange(1, len(starts) + 1)
   if unit == "line":
     keep = ~blank
@@ -144,8 +183,7 @@ def _byte_records(paths: Sequence[str], payload: str,
                   unit: str) -> _ByteRecords:
   columns = [[], [], [], []]
   for i, path in enumerate(paths):
-    data = np.fromfile(path, dtype=np.uint8)
-    starts, ends, lines = _index_file(data, unit)
+    starts, ends, lines = _index_file(path, unit)
     for column, values in zip(columns, (np.full(len(starts), i), starts, ends,
                                         lines)):
       column.append(values)

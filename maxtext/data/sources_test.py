@@ -64,6 +64,45 @@ class SourcesTest(parameterized.TestCase):
     self.assertEqual(lines.size(1), len("Who's there?"))
     self.assertEqual(lines.payload, "text")
 
+  @parameterized.parameters("line", "paragraph")
+  def test_files_are_indexed_a_chunk_at_a_time_as_if_whole(self, unit):
+    # What a whole-file reading gives: records of non-blank lines or runs of
+    # them, with their byte ranges and first line numbers.
+    def reference(content):
+      lines, offset = [], 0
+      for number, line in enumerate(content.split(b"\n"), 1):
+        lines.append((offset, offset + len(line), number, not line.strip()))
+        offset += len(line) + 1
+      if content.endswith(b"\n") or not content:
+        lines.pop()
+      if unit == "line":
+        return [(s, e, n) for s, e, n, blank in lines if not blank]
+      records = []
+      for s, e, n, blank in lines:
+        if blank:
+          previous_blank = True
+          continue
+        if records and not previous_blank:
+          records[-1] = (records[-1][0], e, records[-1][2])
+        else:
+          records.append((s, e, n))
+        previous_blank = False
+      return records
+
+    contents = [b"", b"\n", b"one", b"one\n", b"\n\n a\n\n", b" \t\r\n",
+                b"Ber.\r\nWho's there?\r\n\r\n  \nFran.\nNay\n\nBer.",
+                b"x" * 40 + b"\n" + b" " * 30 + b"\n\n" + b"y" * 25]
+    for content in contents:
+      path = self._path("f.txt")
+      with open(path, "wb") as f:
+        f.write(content)
+      want = reference(content)
+      for chunk_bytes in (1, 2, 3, 7, 64, 1 << 20):
+        starts, ends, lines = sources._index_file(path, unit, chunk_bytes)
+        self.assertEqual(list(zip(starts.tolist(), ends.tolist(),
+                                  lines.tolist())), want,
+                         (content, chunk_bytes))
+
   def test_jsonl_skips_blank_lines_and_numbers_lines(self):
     first, second = self._path("a.jsonl"), self._path("b.jsonl")
     _write_jsonl(first, [{"text": t} for t in _TEXTS[:3]], blank_lines=True)

@@ -17,20 +17,13 @@ import tempfile
 from absl import app
 from absl import flags
 
+from tools.bench import memory
+
 _HF_DIR = flags.DEFINE_string(
     "hf_dir", None, "A Hugging Face checkpoint folder to convert instead of a"
     " random Llama-shaped one.")
 
 _IMPORTS = "from maxtext.checkpoint import hf_convert; import jax; jax.devices()"
-
-
-def _peak_rss_mb(code: str) -> float:
-  """Peak RSS (MB) of a fresh Python process running `code`."""
-  script = ("import resource\n" + code +
-            "\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
-  out = subprocess.run([sys.executable, "-c", script], check=True,
-                       capture_output=True, text=True).stdout
-  return int(out.split()[-1]) / 1024
 
 
 def _write_random_model(hf_dir: str) -> None:
@@ -71,11 +64,11 @@ def main(argv: list[str]) -> None:
   size_mb = sum(os.path.getsize(os.path.join(hf_dir, f))
                 for f in os.listdir(hf_dir)
                 if f.endswith(".safetensors")) / 2**20
-  base = _peak_rss_mb(_IMPORTS)
+  base = memory.peak_rss_mb(_IMPORTS)
   ours = os.path.join(work, "ours")
-  to_ours = _peak_rss_mb(
+  to_ours = memory.peak_rss_mb(
       _IMPORTS + f"\nhf_convert.hf_to_orbax({hf_dir!r}, {ours!r})")
-  to_hf = _peak_rss_mb(
+  to_hf = memory.peak_rss_mb(
       _IMPORTS + f"\nhf_convert.orbax_to_hf({ours!r}, {work + '/back'!r},"
       " max_shard_size='200MB')")
   print(json.dumps({
