@@ -5,6 +5,13 @@ file or workdir, a checkpoint of another model, a workdir-escaping path, a
 full disk) must end the run with one line naming the bad value, exit status
 1, and nothing written before lost. (Bad command-line overrides are flag
 errors: config_flag_test.)
+
+`DamagedFilesTest` is the catalogue of damaged files: every file the run
+reads or writes (the workdir's config, data files, the tokenizer, the lock,
+checkpoint files, the metric logs), empty, truncated, garbage, a folder, a
+dangling link or a link to a device, is refused in one line naming it, or
+passed over (an older checkpoint) or repaired (a torn log line), and
+nothing earlier is lost.
 """
 
 import errno
@@ -18,6 +25,7 @@ import warnings
 
 from absl import flags
 from absl.testing import absltest
+from absl.testing import parameterized
 
 from configs import gemma3
 from maxtext.bin import train
@@ -54,7 +62,8 @@ def _config(**overrides):
   return config
 
 
-class TrainBinaryTest(absltest.TestCase):
+class _Runs:
+  """Runs of the binary, in this process."""
 
   def _run(self, config, workdir: str) -> str | None:
     """`train.run`; returns its one-line error, or None on success."""
@@ -70,6 +79,9 @@ class TrainBinaryTest(absltest.TestCase):
     self.assertTrue(message.startswith("train: error: "), message)
     for fragment in fragments:
       self.assertIn(fragment, message)
+
+
+class TrainBinaryTest(_Runs, absltest.TestCase):
 
   def test_trains_into_the_default_workdir_with_the_users_paths(self):
     # As under `bazel run`: the current directory is the runfiles, and
@@ -237,6 +249,144 @@ class TrainBinaryTest(absltest.TestCase):
     self.assertIn("host malloc mimalloc.", first_log)
     self.assertTrue(train_process.cached(cache, "jit_train_step"))
     self.assertIn(hit, train(second, {"compilation_cache_dir": cache}))
+
+
+def _damage(path: str, how: str) -> None:
+  """Damages the file at `path` as a crash, a full disk or a user might."""
+  if how == "folder":
+    os.remove(path)
+    os.mkdir(path)
+  elif how == "dangling link":
+    os.remove(path)
+    os.symlink(path + ".gone", path)
+  elif how == "device link":
+    os.remove(path)
+    os.symlink("/dev/zero", path)
+  else:
+    with open(path, "rb") as f:
+      data = f.read()
+    with open(path, "wb") as f:
+      f.write({"empty": b"", "truncated": data[:len(data) // 2],
+               "garbage": b"\x00\xff garbage \xfe" * 8}[how])
+
+
+class DamagedFilesTest(_Runs, parameterized.TestCase):
+  """The catalogue: each file `train` reads or writes, damaged each way, is
+  refused in one line naming it, or repaired, and nothing earlier is lost."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # A finished 2-step run, checkpointed after each update: each case
+    # damages a copy of it.
+    cls.trained = os.path.join(absltest.get_default_test_tmpdir(), "trained")
+    message = _Runs()._run(_config(train__steps=2, checkpoint__every_steps=1),
+                           cls.trained)
+    assert message is None, message
+
+  def _copy(self) -> str:
+    workdir = os.path.join(self.create_tempdir().full_path, "run")
+    shutil.copytree(self.trained, workdir, symlinks=True)
+    os.remove(os.path.join(workdir, workdir_lib.LOCK_FILENAME))
+    return workdir
+
+  def _files(self, folder: str) -> dict[str, bytes]:
+    out = {}
+    for root, _, names in os.walk(folder):
+      for name in names:
+        path = os.path.join(root, name)
+        if os.path.isfile(path):
+          with open(path, "rb") as f:
+            out[os.path.relpath(path, folder)] = f.read()
+    return out
+
+  def _refused(self, config, workdir: str, *fragments: str) -> None:
+    """The run fails in one line naming `fragments`; `workdir` is as it was
+    (bar its lock file)."""
+    before = self._files(workdir) if os.path.isdir(workdir) else {}
+    message = self._run(config, workdir)
+    self._assert_error(message, *fragments)
+    after = self._files(workdir) if os.path.isdir(workdir) else {}
+    after.pop(workdir_lib.LOCK_FILENAME, None)
+    before.pop(workdir_lib.LOCK_FILENAME, None)
+    self.assertEqual(sorted(after), sorted(before))
+    self.assertEqual(after, before)
+
+  @parameterized.parameters("empty", "truncated", "garbage", "folder",
+                            "dangling link")
+  def test_the_workdirs_config(self, how):
+    workdir = self._copy()
+    path = os.path.join(workdir, workdir_lib.CONFIG_FILENAME)
+    _damage(path, how)
+    self._refused(_config(train__steps=3, checkpoint__every_steps=1),
+                  workdir, path, "cannot be read")
+
+  @parameterized.parameters("empty", "blank lines", "device link", "folder",
+                            "dangling link")
+  def test_a_data_file(self, how):
+    folder = self.create_tempdir().full_path
+    path = os.path.join(folder, "train.txt")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(" \n\n\t\n" if how == "blank lines" else "Some text.\n")
+    if how != "blank lines":
+      _damage(path, how)
+    self._refused(_config(data__source="text", data__files=path,
+                          model__vocab_size=32768),
+                  os.path.join(folder, "run"), path)
+
+  @parameterized.parameters("empty", "truncated", "garbage", "folder",
+                            "dangling link", "device link")
+  def test_the_tokenizer(self, how):
+    folder = self.create_tempdir()
+    path = os.path.join(folder.full_path, "tokenizer.model")
+    shutil.copyfile(assets.default_tokenizer(), path)
+    _damage(path, how)
+    text = folder.create_file("train.txt", content="Some text.\n").full_path
+    self._refused(_config(data__source="text", data__files=text,
+                          data__tokenizer=path, model__vocab_size=32768),
+                  os.path.join(folder.full_path, "run"), path)
+
+  def test_a_lock_file_that_is_a_folder(self):
+    workdir = self._copy()
+    path = os.path.join(workdir, workdir_lib.LOCK_FILENAME)
+    os.mkdir(path)
+    self._refused(_config(train__steps=3), workdir, path)
+
+  @parameterized.parameters("empty", "truncated", "garbage", "folder",
+                            "dangling link")
+  def test_the_latest_checkpoints_files(self, how):
+    # The manifest or a state file of step 2: step 1 is used and step 2
+    # set aside for the run to save again.
+    workdir = self._copy()
+    step_2 = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRNAME, "2")
+    target = (integrity.MANIFEST_FILENAME if how in ("empty", "garbage")
+              else max(integrity.read_manifest(step_2),
+                       key=lambda n: len(n)))
+    _damage(os.path.join(step_2, target), how)
+    step_1 = self._files(os.path.join(workdir, "checkpoints", "1"))
+    with self.assertLogs(level="WARNING") as logs:
+      self.assertIsNone(self._run(
+          _config(train__steps=3, checkpoint__every_steps=1), workdir))
+    self.assertTrue(any("Checkpoint of step 2" in line and "corrupt" in line
+                        for line in logs.output), logs.output)
+    checkpoints = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRNAME)
+    steps = sorted(n for n in os.listdir(checkpoints) if n.isdigit())
+    self.assertEqual(steps, ["1", "2", "3"])  # 2 saved again.
+    [set_aside] = set(os.listdir(checkpoints)) - set(steps)
+    self.assertTrue(set_aside.startswith("2" + checkpoint_lib.CORRUPT_MARK))
+    self.assertEqual(self._files(os.path.join(checkpoints, "1")), step_1)
+
+  def test_logs_torn_by_a_killed_run_are_repaired(self):
+    workdir = self._copy()
+    for name in ("metrics.jsonl", "goodput.jsonl"):
+      with open(os.path.join(workdir, name), "a", encoding="utf-8") as f:
+        f.write('{"step": 3, "tra')
+    self.assertIsNone(self._run(
+        _config(train__steps=3, checkpoint__every_steps=1), workdir))
+    self.assertEqual(sorted(writers.read_jsonl(
+        os.path.join(workdir, "metrics.jsonl"))), [1, 2, 3])
+    with open(os.path.join(workdir, "goodput.jsonl"), encoding="utf-8") as f:
+      self.assertEqual({json.loads(line)["run"] for line in f}, {1, 2})
 
 
 if __name__ == "__main__":

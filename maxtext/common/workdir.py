@@ -122,15 +122,24 @@ def write_config(workdir: str, config: dict[str, Any], *, step: int) -> str:
   The first run writes `config.json`. A resumed run with the same config
   writes nothing; with a different one it writes `config_step<step>.json`
   and logs the changed keys.
+
+  Raises:
+    ValueError: the existing `config.json` cannot be read (names it).
   """
   os.makedirs(workdir, exist_ok=True)
   text = json.dumps(config, indent=2, default=str) + "\n"
   path = os.path.join(workdir, CONFIG_FILENAME)
-  if not os.path.exists(path):
+  if not os.path.lexists(path):  # A dangling link is not replaced.
     _write_atomically(path, text)
     return path
-  with open(path, encoding="utf-8") as f:
-    previous = json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      previous = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(
+        f"{path}, the config of this workdir's first run, cannot be read"
+        f" ({type(e).__name__}: {e}); restore it, or choose another"
+        " --workdir (its checkpoints are left as they are).") from e
   current = json.loads(text)
   if previous == current:
     return path

@@ -326,7 +326,10 @@ def load_tokenizer(path: str) -> Tokenizer:
   if not path:
     raise ValueError("Tokenizer path is empty; set config.data.tokenizer.")
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"Tokenizer file {path!r} does not exist.")
+    raise FileNotFoundError(
+        f"Tokenizer file {path!r} "
+        f"{'is not a regular file' if os.path.lexists(path) else 'does not exist'}"
+        ".")
   name = os.path.basename(path)
   if name.endswith(".json"):
     return HuggingFaceTokenizer(path)

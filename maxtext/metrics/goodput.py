@@ -73,6 +73,7 @@ class GoodputRecorder:
     self._file = None
     self.run = 1
     if write and os.path.exists(self.path):
+      writers_lib.drop_torn_last_line(self.path)  # A killed run's.
       self.run += max((r["run"] for r in read_records(self.path)), default=0)
 
   def add(self, span: str, seconds: float) -> None:
@@ -139,9 +140,25 @@ class GoodputRecorder:
 
 
 def read_records(path: str) -> list[dict[str, Any]]:
-  """The records of `goodput.jsonl`, in order."""
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The records of `goodput.jsonl`, in order.
+
+  Raises:
+    ValueError: a line is not a JSON object (names the file and line).
+  """
+  records = []
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        record = e
+      if not isinstance(record, dict):
+        raise ValueError(f"{path}:{number} is not a goodput record ({record});"
+                         " move the file away to start its account afresh.")
+      records.append(record)
+  return records
 
 
 @dataclasses.dataclass(frozen=True)

@@ -110,6 +110,16 @@ class GoodputTest(absltest.TestCase):
           record["elapsed_s"],
           sum(record[f"{name}_s"] for name in goodput.SPANS))
 
+  def test_a_line_torn_by_a_killed_run_is_cut_on_resume(self):
+    self._run(start_step=0, total_steps=2)
+    path = os.path.join(self.workdir, goodput.FILENAME)
+    with open(path, "a", encoding="utf-8") as f:
+      f.write('{"run": 1, "step": 2, "elaps')  # Killed mid-write.
+    summary = self._run(start_step=2, total_steps=4)
+    self.assertEqual(summary.runs, 2)
+    self.assertEqual([(r["run"], r["step"]) for r in goodput.read_records(
+        path)], [(1, 0), (1, 2), (1, 2), (2, 2), (2, 4), (2, 4)])
+
   def test_restart_from_an_older_checkpoint_loses_the_whole_run(self):
     self._run(start_step=4, total_steps=6)
     # Run 2 starts over from update 2: run 1's loop counts for nothing.

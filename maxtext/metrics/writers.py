@@ -54,14 +54,26 @@ class LogWriter(MetricWriter):
     logging.info("step %d | %s", step, " | ".join(parts))
 
 
-def _drop_torn_last_line(path: str) -> None:
-  """Truncates `path` after its last newline (a killed writer's partial line)."""
-  if not os.path.exists(path):
+def drop_torn_last_line(path: str, block_bytes: int = 1 << 16) -> None:
+  """Truncates JSONL file `path` after its last newline (a killed writer's
+  partial line), reading only its tail."""
+  if not os.path.isfile(path):
     return
   with open(path, "rb+") as f:
-    data = f.read()
-    if data and not data.endswith(b"\n"):
-      f.truncate(data.rfind(b"\n") + 1)
+    end = f.seek(0, os.SEEK_END)
+    position = end
+    while position > 0:
+      start = max(0, position - block_bytes)
+      f.seek(start)
+      block = f.read(position - start)
+      if position == end and block.endswith(b"\n"):
+        return
+      newline = block.rfind(b"\n")
+      if newline >= 0:
+        f.truncate(start + newline + 1)
+        return
+      position = start
+    f.truncate(0)  # One line, torn.
 
 
 class JsonlWriter(MetricWriter):
@@ -74,7 +86,7 @@ class JsonlWriter(MetricWriter):
   def __init__(self, workdir: str):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, JSONL_FILENAME)
-    _drop_torn_last_line(self.path)
+    drop_torn_last_line(self.path)
     self._file = open(self.path, "a", encoding="utf-8")
 
   def write(self, step: int, metrics: Metrics) -> None:

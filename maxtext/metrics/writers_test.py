@@ -56,6 +56,22 @@ class WritersTest(absltest.TestCase):
     self.assertEqual(writers.read_jsonl(path),
                      {1: {"train/loss": 5.0}, 2: {"train/loss": 4.0}})
 
+  def test_a_torn_line_is_found_from_the_tail_whatever_its_length(self):
+    path = self.create_tempfile("x.jsonl").full_path
+    lines = b'{"step": 1}\n{"step": 2, "long": "' + b"x" * 300 + b'"}\n'
+    for torn, want in ((b'{"st', lines), (b"", lines), (b"y" * 250, lines)):
+      for block_bytes in (1, 7, 64, 1 << 16):
+        with open(path, "wb") as f:
+          f.write(lines + torn)
+        writers.drop_torn_last_line(path, block_bytes)
+        with open(path, "rb") as f:
+          self.assertEqual(f.read(), want, (torn, block_bytes))
+    with open(path, "wb") as f:
+      f.write(b'{"step": 1, "tr')  # The only line, torn.
+    writers.drop_torn_last_line(path, 4)
+    self.assertEqual(os.path.getsize(path), 0)
+    writers.drop_torn_last_line(os.path.join(os.path.dirname(path), "none"))
+
   def test_tensorboard_scalars(self):
     workdir = self.create_tempdir().full_path
     writer = writers.TensorBoardWriter(workdir)
