@@ -43,6 +43,7 @@ import jax
 
 from maxtext.checkpoint import params_checkpoint
 from maxtext.checkpoint import safetensors_io
+from maxtext.common import json_file
 from maxtext.common import exports
 from maxtext.common.model_config import DTYPES
 from maxtext.common.model_config import ModelConfig
@@ -71,10 +72,9 @@ def _read_hf_config(hf_dir: str) -> dict[str, Any]:
     raise ConversionError(f"{hf_dir} has no {HF_CONFIG_FILENAME}; a Hugging "
                           "Face checkpoint folder needs one.")
   try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
-    raise ConversionError(f"{path} is not valid JSON: {e}") from e
+    return json_file.read_object(path)
+  except json_file.JsonFileError as e:
+    raise ConversionError(str(e)) from e
 
 
 def model_config_from_hf_dir(hf_dir: str) -> ModelConfig:
@@ -234,9 +234,11 @@ def _orbax_to_hf(checkpoint: str, out_dir: str, target: str,
   `target`."""
   original = None
   original_path = os.path.join(checkpoint, ORIGINAL_HF_CONFIG_FILENAME)
-  if os.path.isfile(original_path):
-    with open(original_path, encoding="utf-8") as f:
-      original = json.load(f)
+  if os.path.lexists(original_path):
+    try:
+      original = json_file.read_object(original_path)
+    except json_file.JsonFileError as e:
+      raise ConversionError(str(e)) from e
   try:
     cfg, params = params_checkpoint.load_params(checkpoint, lazy=True)
     # Each parameter is read when the writer reaches it, and dropped after.

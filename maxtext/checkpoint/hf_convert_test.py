@@ -306,6 +306,18 @@ class BadInputTest(absltest.TestCase):
                                 "has no config.json"):
       hf_convert.hf_to_orbax(self.hf_dir, self.out)
 
+  def test_damaged_config_is_named(self):
+    path = os.path.join(self.hf_dir, "config.json")
+    for content, problem in (("", "is not valid JSON"),
+                             ('{"model_type": "lla', "is not valid JSON"),
+                             ("[1, 2]", "holds a JSON list, not an object")):
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(content)
+      with self.assertRaisesRegex(hf_convert.ConversionError,
+                                  f"{path} {problem}"):
+        hf_convert.hf_to_orbax(self.hf_dir, self.out)
+      self.assertFalse(os.path.exists(self.out))
+
   def test_unsupported_architecture_lists_supported(self):
     self._edit_config(model_type="gpt2", architectures=["GPT2LMHeadModel"])
     with self.assertRaisesRegex(

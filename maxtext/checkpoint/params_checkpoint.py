@@ -46,6 +46,7 @@ import orbax.checkpoint as ocp
 
 from maxtext.checkpoint import integrity
 from maxtext.checkpoint.manager import STATE_ITEM
+from maxtext.common import json_file
 from maxtext.common import model_config
 from maxtext.common import workdir as workdir_lib
 from maxtext.common.model_config import ModelConfig
@@ -135,12 +136,9 @@ def save_converted(out_dir: str, cfg: ModelConfig,
 
 def _read_json(path: str) -> dict[str, Any]:
   try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
-  except FileNotFoundError:
-    raise ParamsCheckpointError(f"{path} does not exist.") from None
-  except json.JSONDecodeError as e:
-    raise ParamsCheckpointError(f"{path} is not valid JSON: {e}") from e
+    return json_file.read_object(path)
+  except json_file.JsonFileError as e:
+    raise ParamsCheckpointError(str(e)) from e
 
 
 def _model_config(values: dict[str, Any], path: str) -> ModelConfig:

@@ -31,6 +31,8 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
+from maxtext.common import json_file
+
 INDEX_FILENAME = "model.safetensors.index.json"
 SINGLE_FILENAME = "model.safetensors"
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -132,15 +134,22 @@ def weight_files(hf_dir: str) -> list[str]:
       without being opened), or an index that lists a missing file.
   """
   index_path = os.path.join(hf_dir, INDEX_FILENAME)
-  if os.path.exists(index_path):
-    with open(index_path, encoding="utf-8") as f:
-      weight_map = json.load(f).get("weight_map")
-    if not weight_map:
-      raise WeightsError(f"{index_path} has no 'weight_map'.")
-    files = [os.path.join(hf_dir, name)
-             for name in sorted(set(weight_map.values()))]
+  if os.path.lexists(index_path):
+    try:
+      weight_map = json_file.read_object(index_path).get("weight_map")
+    except json_file.JsonFileError as e:
+      raise WeightsError(str(e)) from e
+    if not weight_map or not isinstance(weight_map, dict):
+      raise WeightsError(f"{index_path} has no 'weight_map' object.")
+    names = set(weight_map.values())
+    bad = sorted(repr(n) for n in names if not isinstance(n, str) or
+                 os.path.basename(n) != n or n in ("", ".", ".."))
+    if bad:
+      raise WeightsError(f"{index_path} maps weights to {', '.join(bad[:3])},"
+                         f" which are not file names in {hf_dir}.")
+    files = [os.path.join(hf_dir, name) for name in sorted(names)]
     for path in files:
-      if not os.path.exists(path):
+      if not os.path.isfile(path):
         raise WeightsError(f"{index_path} lists {os.path.basename(path)}, "
                            f"which is not in {hf_dir}.")
     return files

@@ -84,6 +84,21 @@ class SafetensorsIoTest(absltest.TestCase):
                                 "lists model-00001-of-00002.safetensors"):
       safetensors_io.open_weights(folder.full_path)
 
+  def test_damaged_or_hostile_index_is_named(self):
+    folder = self.create_tempdir().full_path
+    index = os.path.join(folder, safetensors_io.INDEX_FILENAME)
+    for content, problem in (
+        ("", "is not valid JSON"), ('{"weight_map": {"a": "m', "not valid"),
+        ("[1]", "holds a JSON list"), ('{"weight_map": 3}', "no 'weight_map'"),
+        ('{"weight_map": {"a": "../x.safetensors"}}',
+         "'../x.safetensors', which are not file names"),
+        ('{"weight_map": {"a": "/etc/passwd"}}', "'/etc/passwd'"),
+        ('{"weight_map": {"a": 7}}', "maps weights to 7")):
+      with open(index, "w", encoding="utf-8") as f:
+        f.write(content)
+      with self.assertRaisesRegex(safetensors_io.WeightsError, problem):
+        safetensors_io.weight_files(folder)
+
   def test_hostile_files_are_named_before_any_tensor_is_read(self):
     def file_of(header, data=b"\0" * 24):
       text = header if isinstance(header, bytes) else json.dumps(

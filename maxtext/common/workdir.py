@@ -23,6 +23,7 @@ from typing import Any
 
 from absl import logging
 
+from maxtext.common import json_file
 from maxtext.common import paths
 
 LOCK_FILENAME = ".lock"
@@ -133,13 +134,12 @@ def write_config(workdir: str, config: dict[str, Any], *, step: int) -> str:
     _write_atomically(path, text)
     return path
   try:
-    with open(path, encoding="utf-8") as f:
-      previous = json.load(f)
-  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    previous = json_file.read_object(path)
+  except json_file.JsonFileError as e:
     raise ValueError(
-        f"{path}, the config of this workdir's first run, cannot be read"
-        f" ({type(e).__name__}: {e}); restore it, or choose another"
-        " --workdir (its checkpoints are left as they are).") from e
+        f"The config of this workdir's first run cannot be read: {e} Restore"
+        " it, or choose another --workdir (its checkpoints are left as they"
+        " are).") from e
   current = json.loads(text)
   if previous == current:
     return path
