@@ -14,7 +14,8 @@ A converted checkpoint folder (written by `save_converted`, e.g. by
 checkpoint (`<workdir>/checkpoints/<step>/state`, parameters plus optimizer
 state) is read by `load_training_params(step_dir)`, which restores the
 model's variables only (not the optimizer state); its model config comes
-from `<workdir>/config.json`.
+from the workdir's config of the run that saved that step (`config.json`, or
+a resumed run's `config_step<N>.json`).
 `load_params(path)` accepts either (or a workdir: its newest usable
 checkpoint).
 

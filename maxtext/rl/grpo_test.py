@@ -6,7 +6,9 @@ XLA_FLAGS=--xla_force_host_platform_device_count=2), and config errors name
 the key."""
 
 import os
+import signal
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -131,6 +133,30 @@ class RunTest(absltest.TestCase):
     self.assertGreater(last, first + 0.2, reward)
     self.assertIn("train/actor/kl", metrics[5])
     self.assertGreater(metrics[5]["train/rollout/tokens_per_s"], 0)
+
+  def test_a_sigterm_saves_the_policy_and_skips_the_export(self):
+    config = grpo_config.get_config()
+    config.train.steps = 4
+    config.logging.tensorboard = False
+    real_batches = grpo.train_batches
+
+    def sigterm_at_batch_2(*args):
+      for index, batch in enumerate(real_batches(*args)):
+        if index == 2:
+          os.kill(os.getpid(), signal.SIGTERM)
+        yield batch
+
+    workdir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+    with mock.patch.object(grpo, "train_batches", sigterm_at_batch_2):
+      result = grpo.run(config, workdir)
+    self.assertTrue(result.preempted)
+    self.assertEqual(result.exported, {})
+    steps = result.trainer.train_steps
+    self.assertBetween(steps, 1, 3)
+    saved = [root for root, _, _ in os.walk(workdir)
+             if os.path.basename(root) == str(steps)]
+    self.assertNotEmpty(saved, f"no checkpoint of step {steps} in {workdir}")
+    self.assertFalse(os.path.exists(os.path.join(workdir, "export")))
 
   def test_a_separate_rollout_mesh_trains_like_a_shared_one(self):
     devices.require_devices(2)
