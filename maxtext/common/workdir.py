@@ -120,34 +120,38 @@ def exclusive(workdir: str, *, take: bool = True) -> Iterator[None]:
 def write_config(workdir: str, config: dict[str, Any], *, step: int) -> str:
   """Writes the resolved config to the workdir once; returns its path.
 
-  The first run writes `config.json`. A resumed run with the same config
-  writes nothing; with a different one it writes `config_step<step>.json`
-  and logs the changed keys.
+  The first run writes `config.json`. A resumed run whose config equals the
+  one in effect at `step` (the latest earlier resume's, `step_config_path`)
+  writes nothing; with a different one, even one equal to the first run's, it
+  writes `config_step<step>.json` and logs the changed keys.
 
   Raises:
-    ValueError: the existing `config.json` cannot be read (names it).
+    ValueError: the config in effect cannot be read (names it).
   """
   os.makedirs(workdir, exist_ok=True)
   text = json.dumps(config, indent=2, default=str) + "\n"
-  path = os.path.join(workdir, CONFIG_FILENAME)
-  if not os.path.lexists(path):  # A dangling link is not replaced.
-    _write_atomically(path, text)
-    return path
+  first = os.path.join(workdir, CONFIG_FILENAME)
+  if not os.path.lexists(first):  # A dangling link is not replaced.
+    _write_atomically(first, text)
+    return first
+  in_effect = step_config_path(workdir, step + 1)
   try:
-    previous = json_file.read_object(path)
+    previous = json_file.read_object(in_effect)
   except json_file.JsonFileError as e:
+    which = ("first run" if in_effect == first
+             else f"run resumed at step {_resume_step(in_effect)}")
     raise ValueError(
-        f"The config of this workdir's first run cannot be read: {e} Restore"
+        f"The config of this workdir's {which} cannot be read: {e} Restore"
         " it, or choose another --workdir (its checkpoints are left as they"
         " are).") from e
   current = json.loads(text)
   if previous == current:
-    return path
+    return in_effect
   changed = sorted(_diff(previous, current))
   path = os.path.join(workdir, f"config_step{step}.json")
   _write_atomically(path, text)
-  logging.warning("Config differs from %s in %s; wrote %s.",
-                  os.path.join(workdir, CONFIG_FILENAME), changed, path)
+  logging.warning("Config differs from %s in %s; wrote %s.", in_effect,
+                  changed, path)
   return path
 
 
@@ -155,12 +159,15 @@ def step_config_path(workdir: str, step: int) -> str:
   """The config file (`write_config`'s) of the run that saved the checkpoint
   of `step`: the `config_step<N>.json` of the latest resume before `step`
   (N < step), or `config.json`."""
-  resumes = [int(name[len("config_step"):-len(".json")])
-             for name in os.listdir(workdir)
+  resumes = [_resume_step(name) for name in os.listdir(workdir)
              if re.fullmatch(r"config_step\d+\.json", name)]
   earlier = [n for n in resumes if n < step]
   return os.path.join(workdir, f"config_step{max(earlier)}.json"
                       if earlier else CONFIG_FILENAME)
+
+
+def _resume_step(path: str) -> int:
+  return int(os.path.basename(path)[len("config_step"):-len(".json")])
 
 
 def _diff(a: Any, b: Any, prefix: str = "") -> set[str]:

@@ -125,5 +125,31 @@ class WriteConfigTest(absltest.TestCase):
                        os.path.join(root, name), step)
 
 
+  def test_a_resume_compares_with_the_config_in_effect(self):
+    root = self.create_tempdir().full_path
+    first, second = {"train": {"steps": 10}}, {"train": {"steps": 20}}
+    workdir.write_config(root, first, step=0)
+    resumed = workdir.write_config(root, second, step=10)
+    # The same config again writes nothing; the first run's again is a change.
+    self.assertEqual(workdir.write_config(root, second, step=15), resumed)
+    with self.assertLogs(level="WARNING"):
+      reverted = workdir.write_config(root, first, step=20)
+    self.assertEqual(reverted, os.path.join(root, "config_step20.json"))
+    self.assertEqual(workdir.step_config_path(root, 25), reverted)
+    with open(reverted) as f:
+      self.assertEqual(json.load(f), first)
+
+  def test_an_unreadable_config_in_effect_is_named(self):
+    root = self.create_tempdir().full_path
+    workdir.write_config(root, {"train": {"steps": 10}}, step=0)
+    resumed = workdir.write_config(root, {"train": {"steps": 20}}, step=10)
+    with open(resumed, "w") as f:
+      f.write("{")
+    with self.assertRaisesRegex(ValueError,
+                                "run resumed at step 10 cannot be read.*"
+                                "config_step10.json"):
+      workdir.write_config(root, {"train": {"steps": 20}}, step=12)
+
+
 if __name__ == "__main__":
   absltest.main()
