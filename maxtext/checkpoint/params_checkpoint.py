@@ -41,6 +41,7 @@ from typing import Any
 from absl import logging
 from flax import nnx
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
@@ -128,11 +129,16 @@ def save_converted(out_dir: str, cfg: ModelConfig,
   with ocp.Checkpointer(ocp.StandardCheckpointHandler(
       save_concurrent_gb=in_flight_gb)) as checkpointer:
     checkpointer.save(params_dir, args=ocp.args.StandardSave(params))
-  integrity.write_manifest(params_dir)
-  with open(os.path.join(out_dir, MODEL_CONFIG_FILENAME), "w",
-            encoding="utf-8") as f:
-    json.dump(cfg.to_dict(), f, indent=2)
-    f.write("\n")
+  # Every process took part in the save; one writes the files about it, and
+  # none returns before they exist.
+  if jax.process_index() == 0:
+    integrity.write_manifest(params_dir)
+    with open(os.path.join(out_dir, MODEL_CONFIG_FILENAME), "w",
+              encoding="utf-8") as f:
+      json.dump(cfg.to_dict(), f, indent=2)
+      f.write("\n")
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f"save_converted {params_dir}")
 
 
 def _read_json(path: str) -> dict[str, Any]:
