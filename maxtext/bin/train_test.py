@@ -312,14 +312,17 @@ class DamagedFilesTest(_Runs, parameterized.TestCase):
     self.assertEqual(sorted(after), sorted(before))
     self.assertEqual(after, before)
 
-  @parameterized.parameters("empty", "truncated", "garbage", "folder",
-                            "dangling link")
-  def test_the_workdirs_config(self, how):
+  @parameterized.parameters(
+      ("empty", "is not valid JSON"), ("truncated", "is not valid JSON"),
+      ("garbage", "is not UTF-8 text"), ("folder", "Is a directory"),
+      ("dangling link", "is a dangling link"),
+      ("device link", "is not a regular file"))
+  def test_the_workdirs_config(self, how, reason):
     workdir = self._copy()
     path = os.path.join(workdir, workdir_lib.CONFIG_FILENAME)
     _damage(path, how)
     self._refused(_config(train__steps=3, checkpoint__every_steps=1),
-                  workdir, path, "cannot be read")
+                  workdir, path, "cannot be read", reason)
 
   @parameterized.parameters("empty", "blank lines", "device link", "folder",
                             "dangling link")
@@ -353,13 +356,14 @@ class DamagedFilesTest(_Runs, parameterized.TestCase):
     self._refused(_config(train__steps=3), workdir, path)
 
   @parameterized.parameters("empty", "truncated", "garbage", "folder",
-                            "dangling link")
+                            "dangling link", "device link")
   def test_the_latest_checkpoints_files(self, how):
     # The manifest or a state file of step 2: step 1 is used and step 2
     # set aside for the run to save again.
     workdir = self._copy()
     step_2 = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRNAME, "2")
-    target = (integrity.MANIFEST_FILENAME if how in ("empty", "garbage")
+    target = (integrity.MANIFEST_FILENAME
+              if how in ("empty", "garbage", "device link")
               else max(integrity.read_manifest(step_2),
                        key=lambda n: len(n)))
     _damage(os.path.join(step_2, target), how)

@@ -23,6 +23,8 @@ import hashlib
 import json
 import os
 
+from maxtext.common import json_file
+
 MANIFEST_FILENAME = "maxtext_manifest.json"
 # Orbax rewrites the step metadata (timestamps) after the commit; it is not
 # covered by the manifest.
@@ -84,17 +86,12 @@ def read_manifest(step_dir: str) -> dict[str, dict[str, object]]:
     ValueError: the manifest is missing or unreadable.
   """
   path = os.path.join(step_dir, MANIFEST_FILENAME)
+  if not os.path.lexists(path):
+    raise ValueError(f"{MANIFEST_FILENAME} is missing")
   try:
-    with open(path, encoding="utf-8") as f:
-      manifest = json.load(f)
-  except FileNotFoundError:
-    raise ValueError(f"{MANIFEST_FILENAME} is missing") from None
-  except OSError as e:  # A folder, a dangling link, no permission.
-    raise ValueError(f"{MANIFEST_FILENAME} cannot be read: {e}") from e
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f"{MANIFEST_FILENAME} is not valid JSON: {e}") from e
-  if not isinstance(manifest, dict):
-    manifest = {}
+    manifest = json_file.read_object(path, name=MANIFEST_FILENAME)
+  except json_file.JsonFileError as e:
+    raise ValueError(str(e).rstrip(".")) from e
   files = manifest.get("files")
   if (manifest.get("version") != _FORMAT_VERSION or
       not isinstance(files, dict) or not files or

@@ -20,7 +20,8 @@ class ReadObjectTest(parameterized.TestCase):
       ("garbage", b"\xff\xfe\x00garbage", "is not UTF-8 text"),
       ("a list", b"[1, 2]", "holds a JSON list, not an object"),
       ("a number", b"3", "holds a JSON int, not an object"),
-      ("too deep", b"[" * 100000 + b"]" * 100000, "is nested too deeply"))
+      ("too deep", b"[" * 100000 + b"]" * 100000, "is nested too deeply"),
+      ("a long number", b'{"a": ' + b"9" * 5000 + b"}", "is not valid JSON"))
   def test_damaged_contents(self, content, problem):
     path = os.path.join(self.create_tempdir().full_path, "x.json")
     with open(path, "wb") as f:
@@ -29,13 +30,17 @@ class ReadObjectTest(parameterized.TestCase):
                                 f"^{path} {problem}"):
       json_file.read_object(path)
 
-  def test_missing_folder_and_dangling_link(self):
+  def test_missing_folder_dangling_link_and_not_a_file(self):
     folder = self.create_tempdir().full_path
     cases = {os.path.join(folder, "none.json"): "does not exist",
              folder: "cannot be read: Is a directory",
              os.path.join(folder, "link.json"): "is a dangling link"}
     os.symlink(os.path.join(folder, "gone"), os.path.join(folder,
                                                           "link.json"))
+    cases[os.path.join(folder, "device.json")] = "is not a regular file"
+    os.symlink("/dev/zero", os.path.join(folder, "device.json"))
+    cases[os.path.join(folder, "pipe.json")] = "is not a regular file"
+    os.mkfifo(os.path.join(folder, "pipe.json"))  # Opening it would block.
     for path, problem in cases.items():
       with self.assertRaisesRegex(json_file.JsonFileError,
                                   f"^{path} {problem}"):
