@@ -141,12 +141,13 @@ def weight_files(hf_dir: str) -> list[str]:
       raise WeightsError(str(e)) from e
     if not weight_map or not isinstance(weight_map, dict):
       raise WeightsError(f"{index_path} has no 'weight_map' object.")
-    names = set(weight_map.values())
-    bad = sorted(repr(n) for n in names if not isinstance(n, str) or
-                 os.path.basename(n) != n or n in ("", ".", ".."))
+    bad = sorted({repr(n) for n in weight_map.values()
+                  if not isinstance(n, str) or os.path.basename(n) != n or
+                  n in ("", ".", "..")})
     if bad:
       raise WeightsError(f"{index_path} maps weights to {', '.join(bad[:3])},"
                          f" which are not file names in {hf_dir}.")
+    names = set(weight_map.values())
     files = [os.path.join(hf_dir, name) for name in sorted(names)]
     for path in files:
       if not os.path.isfile(path):

@@ -93,7 +93,9 @@ class SafetensorsIoTest(absltest.TestCase):
         ('{"weight_map": {"a": "../x.safetensors"}}',
          "'../x.safetensors', which are not file names"),
         ('{"weight_map": {"a": "/etc/passwd"}}', "'/etc/passwd'"),
-        ('{"weight_map": {"a": 7}}', "maps weights to 7")):
+        ('{"weight_map": {"a": 7}}', "maps weights to 7"),
+        ('{"weight_map": {"a": ["x"]}}', r"maps weights to \['x'\]"),
+        ('{"weight_map": {"a": 1' + "0" * 5000 + "}}", "is not valid JSON")):
       with open(index, "w", encoding="utf-8") as f:
         f.write(content)
       with self.assertRaisesRegex(safetensors_io.WeightsError, problem):
