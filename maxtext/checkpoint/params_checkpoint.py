@@ -25,7 +25,9 @@ is parsed, with its model config from the run that saved that step; a
 converted checkpoint's against the manifest `save_converted` writes (those
 converted before it have none, and are read with a warning); and every
 floating-point parameter must be finite. Given a workdir, a checkpoint
-failing any of these is reported and the next older one read.
+failing any of these is reported and the next older one read; with
+`lazy=True` its parameters are checked for NaN only as each is read, so one
+found then is raised (`ParamsCheckpointError`) with no fallback.
 
 Parameters are restored onto one device (the first), replicated, one array
 at a time; with `lazy=True` each is a `LazyParam`, read when indexed, so an
@@ -213,8 +215,9 @@ def _restore(path: str, cfg: ModelConfig, *, params_key: str | None,
           f"{e}") from e
     for key in keys:
       restored = restored[key]
+    xp = np if lazy else jnp  # Host arrays stay on the host.
     if (jnp.issubdtype(abstract.dtype, jnp.inexact) and
-        not bool(jnp.all(jnp.isfinite(restored)))):
+        not bool(xp.all(xp.isfinite(restored)))):
       raise ParamsCheckpointError(
           f"Parameter {'/'.join(map(str, keys))} in {path} holds NaN or"
           " infinite values.")
@@ -325,18 +328,23 @@ def tokenizer_path(checkpoint: str) -> str | None:
 
   A converted checkpoint's own tokenizer.json / tokenizer.model; for a
   training checkpoint, the `data.tokenizer` of the config it was saved with
-  (a workdir: of its config.json), None when that is empty.
+  (a workdir: that of its newest checkpoint), None when that is empty.
   """
   checkpoint = os.path.abspath(checkpoint)
   for name in TOKENIZER_FILES:
     if os.path.isfile(os.path.join(checkpoint, name)):
       return os.path.join(checkpoint, name)
-  config_path = os.path.join(checkpoint, WORKDIR_CONFIG_FILENAME)
-  if not os.path.isdir(os.path.join(checkpoint, CHECKPOINTS_DIRNAME)):
+  checkpoints = os.path.join(checkpoint, CHECKPOINTS_DIRNAME)
+  if os.path.isdir(checkpoints):
+    steps = [int(name) for name in os.listdir(checkpoints) if name.isdigit()]
+    config_path = workdir_lib.step_config_path(checkpoint,
+                                               max(steps, default=0))
+  else:
     config_path = _step_config_path(checkpoint)
-  if os.path.isfile(config_path):
-    return _read_json(config_path).get("data", {}).get("tokenizer") or None
-  return None
+  if not os.path.isfile(config_path):
+    return None
+  data = _read_json(config_path).get("data")
+  return (data.get("tokenizer") or None) if isinstance(data, dict) else None
 
 
 def load_params(path: str, *, lazy: bool = False

@@ -178,6 +178,9 @@ class TrainingCheckpointTest(parameterized.TestCase):
     self.assertEqual(params_checkpoint.tokenizer_path(step[2]),
                      "/resumed/tokenizer.json")
     self.assertIsNone(params_checkpoint.tokenizer_path(step[1]))
+    # The workdir's is its newest checkpoint's, as `load_params` reads it.
+    self.assertEqual(params_checkpoint.tokenizer_path(workdir),
+                     "/resumed/tokenizer.json")
     os.remove(os.path.join(workdir, "config_step1.json"))
 
     # Step 3 as a run without the state check could have saved it: NaN
