@@ -34,8 +34,9 @@ Exit status:
   75  preempted: SIGTERM or Ctrl-C arrived, the run saved a checkpoint at the
       next step boundary and stopped ("Preempted after update N ..."); run
       the same command again to resume.
-  130 a second Ctrl-C stopped the run at once; the checkpoints saved before
-      it are kept.
+  130 a second Ctrl-C (or, with several processes, the first: JAX's
+      preemption service catches SIGTERM only) stopped the run at once; the
+      checkpoints saved before it are kept.
 """
 
 from maxtext.common import host_memory

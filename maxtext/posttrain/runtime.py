@@ -125,7 +125,8 @@ def train_until_stopped(trainer: Any, batches: Iterable[Any],
   from the same data position.
 
   Returns:
-    Whether the run was stopped by a signal.
+    Whether a signal stopped the run, or came after the last boundary (the
+    training finished, and its export is left to a rerun).
   """
   hook = preemption.PreemptionHook()
   hook.on_begin(0, None)
@@ -133,7 +134,7 @@ def train_until_stopped(trainer: Any, batches: Iterable[Any],
     trainer.train(_until_stopped(batches, hook, every), eval_batches)
   finally:
     hook.close()
-  return hook.preempted_at is not None
+  return hook.preempted_at is not None or hook.signalled
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,5 +47,14 @@ class TrainUntilStoppedTest(parameterized.TestCase):
     self.assertEqual(trainer.trained, list(range(7)))
 
 
+  def test_a_signal_in_the_last_update_is_not_lost(self):
+    # No boundary is checked after the last batch: the training finishes,
+    # and the run still reports the signal (its export is left to a rerun).
+    trainer = _Trainer(signal_at=6, signum=signal.SIGTERM)
+    self.assertTrue(runtime.train_until_stopped(trainer, range(7), None,
+                                                every=1))
+    self.assertEqual(trainer.trained, list(range(7)))
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -21,6 +21,7 @@ from tunix.rl.grpo import grpo_learner
 from configs import grpo as grpo_config
 from maxtext.metrics import writers
 from maxtext.models import registry
+from maxtext.posttrain import runtime
 from maxtext.rl import grpo
 from maxtext.rl import policy
 from maxtext.rl.config import RlRunConfig
@@ -153,9 +154,11 @@ class RunTest(absltest.TestCase):
     self.assertEqual(result.exported, {})
     steps = result.trainer.train_steps
     self.assertBetween(steps, 1, 3)
-    saved = [root for root, _, _ in os.walk(workdir)
+    checkpoints = os.path.join(workdir, runtime.TUNIX_CHECKPOINT_DIRNAME)
+    saved = [root for root, _, _ in os.walk(checkpoints)
              if os.path.basename(root) == str(steps)]
-    self.assertNotEmpty(saved, f"no checkpoint of step {steps} in {workdir}")
+    self.assertNotEmpty(saved,
+                        f"no checkpoint of step {steps} in {checkpoints}")
     self.assertFalse(os.path.exists(os.path.join(workdir, "export")))
 
   def test_a_separate_rollout_mesh_trains_like_a_shared_one(self):

@@ -90,6 +90,12 @@ class PreemptionHook(loop.Hook):
                       step)
     return self.preempted_at is not None
 
+  @property
+  def signalled(self) -> bool:
+    """Whether this process caught SIGTERM or Ctrl-C, even after the last
+    step boundary was checked."""
+    return self._signalled.is_set()
+
   def close(self) -> None:
     for signum, handler in self._previous_handlers.items():
       signal.signal(signum, handler)
