@@ -386,10 +386,15 @@ def base_config() -> ml_collections.ConfigDict:
   # local_every_steps updates, keeping the newest local_max_to_keep; it
   # bounds what a crash loses. local_dir is relative to the workdir and must
   # stay inside it (a symlink there may point to e.g. /dev/shm/<run>); ""
-  # turns the tier off. It must be visible to every process of the run.
+  # turns the tier off. It must be visible to every process of the run,
+  # unless local_peers: then it is each process's own storage (a link that
+  # resolves to each machine's disk), each process saves its own shards
+  # there, and a process that lost them restores from a peer replica (the
+  # mesh's data axis must span the processes; maxtext.checkpoint.peer).
   config.checkpoint.local_dir = ""
   config.checkpoint.local_every_steps = 0
   config.checkpoint.local_max_to_keep = 2
+  config.checkpoint.local_peers = False
 
   config.logging = ml_collections.ConfigDict()
   # Metrics go to the log, <workdir>/metrics.jsonl and, with tensorboard,

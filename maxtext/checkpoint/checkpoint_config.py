@@ -24,9 +24,13 @@ class CheckpointConfig:
       passed since its last save (process 0's clock decides); 0 is off.
     local_dir: The fast local tier (local SSD or RAM disk), relative to the
       workdir and inside it (a symlink in the workdir may point elsewhere);
-      empty turns the tier off. It must be visible to every process.
+      empty turns the tier off. It must be visible to every process unless
+      `local_peers`.
     local_every_steps: Save to the local tier every this many updates.
     local_max_to_keep: Most recent local checkpoints kept.
+    local_peers: `local_dir` is each process's own storage; a process that
+      lost its local checkpoints restores them from a peer replica
+      (`maxtext.checkpoint.peer`).
   """
 
   every_steps: int
@@ -36,6 +40,7 @@ class CheckpointConfig:
   local_dir: str = ""
   local_every_steps: int = 0
   local_max_to_keep: int = 2
+  local_peers: bool = False
 
   def __post_init__(self):
     if self.every_steps < 0:
@@ -56,6 +61,10 @@ class CheckpointConfig:
       raise ValueError(
           f"checkpoint.local_every_steps={self.local_every_steps!r} must be"
           f" >= 1 with checkpoint.local_dir={self.local_dir!r}.")
+    if self.local_peers and not self.local_dir:
+      raise ValueError(
+          "checkpoint.local_peers=True needs checkpoint.local_dir (each"
+          " process's local folder); set it or set local_peers=False.")
     if not self.local_dir and self.local_every_steps:
       raise ValueError(
           f"checkpoint.local_every_steps={self.local_every_steps!r} needs"

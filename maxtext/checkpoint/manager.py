@@ -98,6 +98,53 @@ def _shapes(tree) -> dict[str, tuple[int, ...]]:
   return {_path_str(path): tuple(leaf.shape) for path, leaf in leaves}
 
 
+# Orbax's errors may print a whole state tree; messages keep their start
+# and end (where TensorStore puts the cause).
+_ERROR_HEAD_CHARS = 700
+_ERROR_TAIL_CHARS = 300
+
+
+def describe(error: Exception) -> str:
+  """`Type: message` of an Orbax error, its middle cut when too long."""
+  text = str(error)
+  if len(text) > _ERROR_HEAD_CHARS + _ERROR_TAIL_CHARS:
+    text = (f"{text[:_ERROR_HEAD_CHARS]} [...]"
+            f" {text[-_ERROR_TAIL_CHARS:]}")
+  return f"{type(error).__name__}: {text}"
+
+
+def orbax_manager(directory: str, *, max_to_keep: int,
+                  on_commit: Callable[[], None],
+                  multiprocessing: ocp.options.MultiprocessingOptions,
+                  state_handler: ocp.CheckpointHandler,
+                  create: bool = True,
+                  directories_in_background: bool = True
+                  ) -> ocp.CheckpointManager:
+  """An Orbax manager of the `state` and `data` items in `directory`.
+
+  `on_commit` runs after the files are written, before the step folder is
+  renamed into place. Orbax's async checkpointer even when saves block
+  (`wait` after each): only it runs that callback. Without
+  `directories_in_background` the step's folders exist before `save`
+  returns (a process saving alone: its JSON item would race them).
+  """
+  return ocp.CheckpointManager(
+      directory,
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=max_to_keep,
+          enable_async_checkpointing=True,
+          async_options=ocp.AsyncOptions(
+              post_finalization_callback=on_commit,
+              create_directories_asynchronously=directories_in_background),
+          multiprocessing_options=multiprocessing,
+          create=create),
+      item_names=(STATE_ITEM, DATA_ITEM),
+      item_handlers={
+          STATE_ITEM: state_handler,
+          DATA_ITEM: ocp.JsonCheckpointHandler(
+              multiprocessing_options=multiprocessing)})
+
+
 class Checkpointer:
   """Saves and restores training checkpoints under one directory (a tier)."""
 
@@ -115,27 +162,31 @@ class Checkpointer:
     self.tier = tier
     self.async_save = async_save
     self._saving_step = None  # Step of the save in flight, if any.
-    if jax.process_index() == 0:
+    if self._cleans_up():
       self._delete_unfinished()
-    # Orbax's async checkpointer even when saves block (`wait` after each):
-    # only it runs the callback that writes the manifest before the rename.
-    self._manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
-            enable_async_checkpointing=True,
-            async_options=ocp.AsyncOptions(
-                post_finalization_callback=self._write_manifest),
-            # The tiers save the same step at once (the last one, a
-            # preemption's): Orbax names its processes' barriers by this
-            # prefix, which must differ between managers that run
-            # concurrently (the same barrier twice: "already ongoing").
-            multiprocessing_options=ocp.options.MultiprocessingOptions(
-                barrier_sync_key_prefix=tier),
-            create=True),
-        item_names=(STATE_ITEM, DATA_ITEM),
-        item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(),
-                       DATA_ITEM: ocp.JsonCheckpointHandler()})
+    self._manager = self._orbax_manager(max_to_keep)
+
+  def _cleans_up(self) -> bool:
+    """Whether this process deletes unfinished saves (process 0: the
+    directory is shared)."""
+    return jax.process_index() == 0
+
+  def _orbax_manager(self, max_to_keep: int) -> ocp.CheckpointManager:
+    """The Orbax manager of the tier's directory, shared by all processes."""
+    # The tiers save the same step at once (the last one, a preemption's):
+    # Orbax names its processes' barriers by this prefix, which must differ
+    # between managers that run concurrently (the same barrier twice:
+    # "already ongoing").
+    return orbax_manager(
+        self.directory, max_to_keep=max_to_keep,
+        on_commit=self._write_manifest,
+        multiprocessing=ocp.options.MultiprocessingOptions(
+            barrier_sync_key_prefix=self.tier),
+        state_handler=ocp.StandardCheckpointHandler())
+
+  def _state_save_args(self, state: Any) -> ocp.args.CheckpointArgs:
+    """The save args of the state item, for `_orbax_manager`'s handler."""
+    return ocp.args.StandardSave(state)
 
   def _delete_unfinished(self) -> None:
     """Deletes the temporary folders of saves a killed run left behind."""
@@ -177,8 +228,9 @@ class Checkpointer:
     self.reload()
     return CheckpointError(
         f"Writing the {self.tier} checkpoint {self.step_path(step)} failed:"
-        f" {type(error).__name__}: {error}. Earlier checkpoints in"
-        f" {self.directory} are intact: steps {self.all_steps() or 'none'}.")
+        f" {describe(error)}. Earlier checkpoints in"
+        f" {self.directory} are intact: steps"
+        f" {sorted(self._manager.all_steps()) or 'none'}.")
 
   def save(self, step: int, state: Any, data_state: dict[str, Any]) -> None:
     """Saves `state` and `data_state` as the checkpoint of `step`.
@@ -198,7 +250,7 @@ class Checkpointer:
       self._manager.save(
           step,
           args=ocp.args.Composite(**{
-              STATE_ITEM: ocp.args.StandardSave(state),
+              STATE_ITEM: self._state_save_args(state),
               DATA_ITEM: ocp.args.JsonSave(data_state),
           }),
           force=True)
@@ -245,7 +297,7 @@ class Checkpointer:
     except Exception as e:  # Unreadable metadata: a corrupt checkpoint.
       raise CheckpointError(
           f"Checkpoint {path} is corrupt: its metadata cannot be read:"
-          f" {type(e).__name__}: {e}") from e
+          f" {describe(e)}") from e
     if saved is None:
       raise CheckpointError(f"Checkpoint {path} has no '{STATE_ITEM}' item.")
     return saved
@@ -320,7 +372,7 @@ class Checkpointer:
     except Exception as e:  # Orbax and TensorStore raise many kinds.
       raise CheckpointError(
           f"Checkpoint {path} could not be restored (corrupt, or saved from a"
-          f" different model or optimizer): {type(e).__name__}: {e}") from e
+          f" different model or optimizer): {describe(e)}") from e
     data_state = restored[DATA_ITEM]
     if not isinstance(data_state, dict):
       raise CheckpointError(

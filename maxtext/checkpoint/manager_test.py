@@ -363,5 +363,18 @@ class FailedSaveTest(absltest.TestCase):
     self.assertIn(f"RESTORED {last_good} True", out)
 
 
+class DescribeTest(absltest.TestCase):
+
+  def test_a_long_orbax_error_is_cut(self):
+    long = ValueError("Item 'state' and args " + "x" * 10000 + " the cause")
+    text = manager.describe(long)
+    self.assertTrue(text.startswith("ValueError: Item 'state' and args x"))
+    self.assertIn(" [...] ", text)
+    self.assertTrue(text.endswith("x the cause"))
+    self.assertLess(len(text), 1100)
+    self.assertEqual(manager.describe(OSError("disk full")),
+                     "OSError: disk full")
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -25,7 +25,7 @@ import jax
 import ml_collections
 
 from maxtext.checkpoint import manager as checkpoint_lib
-from maxtext.checkpoint.checkpoint_config import CheckpointConfig
+from maxtext.checkpoint import peer
 from maxtext.common import workdir as workdir_lib
 from maxtext.data import pipeline
 from maxtext.metrics import flops
@@ -218,14 +218,17 @@ def quiet_orbax_info_logs() -> None:
     absl_logger.addFilter(_DropInfoFrom(f"{os.sep}orbax{os.sep}"))
 
 
-def make_checkpointers(workdir: str, config: CheckpointConfig
+def make_checkpointers(workdir: str, experiment: ExperimentConfig
                        ) -> list[checkpoint_lib.Checkpointer]:
-  """The checkpoint tiers of a run in `workdir`, fastest first.
+  """The checkpoint tiers of a run of `experiment` in `workdir`, fastest
+  first.
 
   Raises:
     ValueError: `checkpoint.local_dir` leaves the workdir or is the
-      persistent tier's folder.
+      persistent tier's folder; `checkpoint.local_peers` on a mesh where a
+      process holds no replica apart from the others.
   """
+  config = experiment.checkpoint
   persistent_dir = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRNAME)
   local_dir = config.local_dir and workdir_lib.output_path(
       workdir, config.local_dir, key="checkpoint.local_dir")
@@ -237,7 +240,13 @@ def make_checkpointers(workdir: str, config: CheckpointConfig
   tiers = [checkpoint_lib.Checkpointer(
       persistent_dir, max_to_keep=config.max_to_keep,
       async_save=config.async_save, tier="persistent")]
-  if local_dir:
+  if local_dir and config.local_peers:
+    mesh = mesh_lib.make_mesh(experiment.mesh)
+    peer.check_mesh(mesh, zero1=experiment.sharding.zero1)
+    tiers.insert(0, peer.PeerCheckpointer(
+        local_dir, mesh, max_to_keep=config.local_max_to_keep,
+        async_save=config.async_save))
+  elif local_dir:
     tiers.insert(0, checkpoint_lib.Checkpointer(
         local_dir, max_to_keep=config.local_max_to_keep,
         async_save=config.async_save, tier="local"))
@@ -282,7 +291,7 @@ def _train(experiment: ExperimentConfig, config: ml_collections.ConfigDict,
            compile_fn: CompileFn | None) -> TrainResult:
   """`train` in the workdir it holds."""
   recorder = goodput_lib.GoodputRecorder(workdir, write=is_main)
-  checkpointers = make_checkpointers(workdir, experiment.checkpoint)
+  checkpointers = make_checkpointers(workdir, experiment)
   try:
     prepared = prepare(experiment, checkpointers, compile_fn=compile_fn)
   except BaseException:
