@@ -22,12 +22,16 @@ def _mesh(data: int) -> jax.sharding.Mesh:
 
 class CopyToAllTest(absltest.TestCase):
 
-  def test_one_replicas_arrays_reach_every_device_bit_for_bit(self):
-    mesh = _mesh(2)
+  def _checkpointer(self, mesh) -> peer.PeerCheckpointer:
     checkpointer = peer.PeerCheckpointer(
         self.create_tempdir().full_path, mesh, max_to_keep=1,
         async_save=False)
     self.addCleanup(checkpointer.close)
+    return checkpointer
+
+  def test_one_replicas_arrays_reach_every_device_bit_for_bit(self):
+    mesh = _mesh(2)
+    checkpointer = self._checkpointer(mesh)
     values = [np.array([-0.0, np.nan, -np.inf, 1.5, 2, 3, 4, 5], np.float32),
               np.array([-0.0, 1.0, 2.0, 3.0], jnp.bfloat16),
               np.array([[True, False], [False, True], [True, True],
@@ -53,10 +57,7 @@ class CopyToAllTest(absltest.TestCase):
 
   def test_a_state_split_over_data_is_refused(self):
     mesh = _mesh(2)
-    checkpointer = peer.PeerCheckpointer(
-        self.create_tempdir().full_path, mesh, max_to_keep=1,
-        async_save=False)
-    self.addCleanup(checkpointer.close)
+    checkpointer = self._checkpointer(mesh)
     leaf = jax.ShapeDtypeStruct((8,), np.float32, sharding=(
         jax.sharding.NamedSharding(mesh, P(("data", "fsdp")))))
     with self.assertRaisesRegex(ValueError, "split over the data axis"):
