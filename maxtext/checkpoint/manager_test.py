@@ -18,6 +18,7 @@ import optax
 
 from maxtext.checkpoint import integrity
 from maxtext.checkpoint import manager
+from maxtext.checkpoint import tiers
 from maxtext.checkpoint.checkpoint_config import CheckpointConfig
 
 
@@ -137,7 +138,7 @@ class CheckpointerTest(absltest.TestCase):
     ckpt = self._checkpointer()
     with self.assertRaisesRegex(manager.CheckpointError, self.dir):
       ckpt.restore(_abstract(_state(0)))
-    self.assertIsNone(manager.restore_newest([ckpt], _abstract(_state(0))))
+    self.assertIsNone(tiers.restore_newest([ckpt], _abstract(_state(0))))
     ckpt.save(2, _state(2), {"next_step": 2})
     ckpt.wait()
     with self.assertRaisesRegex(manager.CheckpointError,
@@ -156,7 +157,7 @@ class CheckpointerTest(absltest.TestCase):
         os.path.join(self.dir, "2") + " was saved from a different model.*"
         r"params/layer/kernel: \(4, 3\) in the checkpoint, \(5, 3\) in the"
         " model"):
-      manager.restore_newest([ckpt], _abstract(other))
+      tiers.restore_newest([ckpt], _abstract(other))
     del other["params"]["layer"]["scale"]
     with self.assertRaisesRegex(manager.CheckpointMismatchError,
                                 "params/layer/scale: not in the model"):
@@ -200,7 +201,7 @@ class TiersAndCorruptionTest(absltest.TestCase):
     self.abstract = _abstract(self.states[1])
 
   def _restore(self):
-    return manager.restore_newest([self.local, self.persistent],
+    return tiers.restore_newest([self.local, self.persistent],
                                   self.abstract)
 
   def _assert_restored(self, restored, step, tier):
@@ -308,7 +309,7 @@ class FailedSaveTest(absltest.TestCase):
                      ["1", "2" + manager.ORBAX_TMP_SUFFIX])
     # The next run deletes the unfinished folder and resumes from step 1.
     ckpt = manager.Checkpointer(directory, max_to_keep=2, async_save=True)
-    restored = manager.restore_newest([ckpt], _abstract(_state(1)))
+    restored = tiers.restore_newest([ckpt], _abstract(_state(1)))
     jax.tree.map(np.testing.assert_array_equal, restored.state, _state(1))
     ckpt.save(2, _state(2), {"next_step": 2})
     ckpt.close()
@@ -326,6 +327,7 @@ class FailedSaveTest(absltest.TestCase):
     script = textwrap.dedent(f"""
         import jax, numpy as np
         from maxtext.checkpoint import manager
+        from maxtext.checkpoint import tiers
         ckpt = manager.Checkpointer({mount!r} + "/ckpt", max_to_keep=5,
                                     async_save=True)
         state = {{"w": jax.numpy.asarray(
@@ -337,7 +339,7 @@ class FailedSaveTest(absltest.TestCase):
           except manager.CheckpointError as e:
             print("FAILED", e)
             break
-        restored = manager.restore_newest([ckpt], state)
+        restored = tiers.restore_newest([ckpt], state)
         print("RESTORED", restored.step,
               bool((np.asarray(restored.state["w"]) ==
                     np.asarray(state["w"])).all()))

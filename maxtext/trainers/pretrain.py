@@ -26,6 +26,7 @@ import ml_collections
 
 from maxtext.checkpoint import manager as checkpoint_lib
 from maxtext.checkpoint import peer
+from maxtext.checkpoint import tiers
 from maxtext.common import workdir as workdir_lib
 from maxtext.data import pipeline
 from maxtext.metrics import flops
@@ -138,7 +139,7 @@ def prepare(experiment: ExperimentConfig,
   start_step = 0
   data_state = None
   abstract = inputs.abstract_state
-  restored = checkpoint_lib.restore_newest(
+  restored = tiers.restore_newest(
       list(checkpointers), abstract.checkpoint_tree(), check=_nonfinite,
       migrate=_guard_switched)
   if restored is not None:
