@@ -42,7 +42,9 @@ _RESTORED_LINE = re.compile(r"Restored (\S+): resuming after update (\d+)\.")
 def child_env(num_devices: int) -> dict[str, str]:
   """The environment of a child with `num_devices` fake CPU devices."""
   env = {k: v for k, v in os.environ.items() if k not in _CLUSTER_VARS}
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
+  # The device count, not XLA_FLAGS: the test's own XLA flags (.bazelrc's
+  # compile settings) stay.
+  env["JAX_NUM_CPU_DEVICES"] = str(num_devices)
   env["JAX_PLATFORMS"] = "cpu"
   # Under Bazel the stub's PYTHONPATH is inherited; outside, the repo root.
   env["PYTHONPATH"] = os.pathsep.join(

@@ -9,7 +9,7 @@ trainer's jitted step (GRPO with the KL to a reference; GSPO-token with two
 iterations, so old-policy log-probs, and LoRA); a v5e:2x2 TPU slice
 compiles the toy config (a model from scratch) on this CPU host.
 
-Needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8).
+Needs 8 CPU devices (JAX_NUM_CPU_DEVICES=8).
 """
 
 import os

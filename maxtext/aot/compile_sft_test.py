@@ -6,7 +6,7 @@ optimizer of a tiny Llama checkpoint, gives the same loss, gradient norm and
 updated parameters as `PeftTrainer.jit_train_and_eval_step` (full fine-tuning
 and LoRA); a v5e:2x2 TPU slice compiles on this CPU host.
 
-Needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8).
+Needs 8 CPU devices (JAX_NUM_CPU_DEVICES=8).
 """
 
 import dataclasses

@@ -1,7 +1,7 @@
 """Tests of maxtext.aot.compile_step: TPU compiles on this CPU host, the
 out-of-memory error, and the CPU step against `pretrain.prepare`'s.
 
-Needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8) and
+Needs 8 CPU devices (JAX_NUM_CPU_DEVICES=8) and
 libtpu.
 """
 

@@ -3,7 +3,7 @@
 h200:8 on this CPU-only host, against the same step compiled for cpu:8, and
 the Pallas (Triton) attention that "auto" takes where cuDNN does not serve.
 
-Needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8) and
+Needs 8 CPU devices (JAX_NUM_CPU_DEVICES=8) and
 JAX on the CPU platform (set below), which the plugin needs to load without a
 GPU. cuDNN attention for these devices: gpu_cudnn_compile_test.
 """

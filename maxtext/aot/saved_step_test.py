@@ -1,6 +1,6 @@
 """Tests of maxtext.aot.saved_step: save, load and run; refuse mismatches.
 
-Needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8) and
+Needs 8 CPU devices (JAX_NUM_CPU_DEVICES=8) and
 libtpu.
 """
 

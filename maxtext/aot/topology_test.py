@@ -2,7 +2,7 @@
 devices (libtpu on this CPU host; H100s through jax's CUDA plugin where it
 is installed, else the error that says what is missing).
 
-Needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8).
+Needs 8 CPU devices (JAX_NUM_CPU_DEVICES=8).
 """
 
 import importlib.util
@@ -111,7 +111,7 @@ class DevicesTest(absltest.TestCase):
 
   def test_cpu_devices_must_be_there(self):
     if jax.device_count() != 8:
-      self.skipTest("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+      self.skipTest("needs JAX_NUM_CPU_DEVICES=8")
     hardware = topology.hardware_for("cpu:8")
     self.assertLen(hardware.devices, 8)
     self.assertEqual(hardware.memory_name, "host memory / 8")

@@ -39,9 +39,9 @@ def _run(*args: str, binary: str = "aot_compile",
   if user_dir:
     env["BUILD_WORKING_DIRECTORY"] = user_dir
   # No forced device count: the binary asks for cpu:N's devices itself.
-  env.pop("XLA_FLAGS", None)
+  env.pop("JAX_NUM_CPU_DEVICES", None)
   if devices:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_NUM_CPU_DEVICES"] = str(devices)
   # Under Bazel the stub's PYTHONPATH is inherited; outside, the repo root.
   env["PYTHONPATH"] = os.pathsep.join(
       p for p in (_ROOT, env.get("PYTHONPATH")) if p)

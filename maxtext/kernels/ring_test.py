@@ -1,9 +1,8 @@
-"""Tests of ring attention on 8 fake CPU devices (XLA_FLAGS=
---xla_force_host_platform_device_count=8, set by the Bazel target): output
-and gradients equal the reference on the unsharded arrays, the compiled
-step rotates keys and values instead of all-gathering them, and a tiny
-Llama with context_parallel="ring" on a sequence-split mesh gives the
-single-device loss and gradients."""
+"""Tests of ring attention on 8 fake CPU devices (JAX_NUM_CPU_DEVICES=8, set by
+the Bazel target): output and gradients equal the reference on the unsharded
+arrays, the compiled step rotates keys and values instead of all-gathering
+them, and a tiny Llama with context_parallel="ring" on a sequence-split mesh
+gives the single-device loss and gradients."""
 
 import re
 

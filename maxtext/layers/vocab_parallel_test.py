@@ -1,11 +1,11 @@
-"""Tests of the vocabulary-parallel head on 8 fake CPU devices (XLA_FLAGS=
---xla_force_host_platform_device_count=8, set by the Bazel target): logits
-and gradients equal the plain projection on the unsharded arrays, the
-compiled gradient neither gathers nor all-reduces the whole kernel, the
-plain projection is kept where splitting the vocabulary gains nothing, and
-a tiny Llama (untied head) and Gemma 3 (tied embedding) under FSDP give the
-single-device loss and gradients, and a head quantized by qwix keeps its
-quantization there (qwix intercepts the head's own matmul)."""
+"""Tests of the vocabulary-parallel head on 8 fake CPU devices
+(JAX_NUM_CPU_DEVICES=8, set by the Bazel target): logits and gradients equal
+the plain projection on the unsharded arrays, the compiled gradient neither
+gathers nor all-reduces the whole kernel, the plain projection is kept where
+splitting the vocabulary gains nothing, and a tiny Llama (untied head) and
+Gemma 3 (tied embedding) under FSDP give the single-device loss and gradients,
+and a head quantized by qwix keeps its quantization there (qwix intercepts the
+head's own matmul)."""
 
 import functools
 import re

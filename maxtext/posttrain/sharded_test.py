@@ -1,7 +1,7 @@
 """Tests post-training on a sharded mesh: LoRA SFT with parameters split
 over fsdp and tensor equals the data-parallel run.
 
-Needs 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8).
+Needs 8 CPU devices (JAX_NUM_CPU_DEVICES=8).
 """
 
 import os

@@ -2,7 +2,7 @@
 equal a numpy computation of their formulas on one batch (and differ only
 when the rollouts came from an older policy), a separate rollout mesh trains
 like a shared one (2 CPU devices:
-XLA_FLAGS=--xla_force_host_platform_device_count=2), and config errors name
+JAX_NUM_CPU_DEVICES=2), and config errors name
 the key."""
 
 import os

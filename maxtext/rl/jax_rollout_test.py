@@ -5,7 +5,7 @@ sampler's log-probs equal the engine's scoring of the same completions
 (what the learner's old-policy log-probs use); new weights reach the
 rollout without a copy on a shared mesh, and are copied onto a separate
 rollout mesh (2 CPU devices:
-XLA_FLAGS=--xla_force_host_platform_device_count=2).
+JAX_NUM_CPU_DEVICES=2).
 """
 
 import tempfile

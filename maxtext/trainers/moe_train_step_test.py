@@ -25,7 +25,7 @@ outside `nnx.capture()`" DeprecationWarning turned into an error, and the
 train step still gets every sown value.
 
 ExpertParallelismTest (8 fake CPU devices; the Bazel target sets
-XLA_FLAGS=--xla_force_host_platform_device_count=8): a tiny Mixtral (4
+JAX_NUM_CPU_DEVICES=8): a tiny Mixtral (4
 experts, top-2) on a data=1 x fsdp=2 x expert=4 mesh with the default rule
 tables has its expert weights split over the `expert` axis, and its loss,
 gradients and one train step equal those on one device (fp32), for the

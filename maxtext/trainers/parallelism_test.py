@@ -1,6 +1,6 @@
 """Sharded == single-device: FSDP, tensor, sequence, expert-as-batch, pipeline.
 
-Runs on 8 fake CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8,
+Runs on 8 fake CPU devices (JAX_NUM_CPU_DEVICES=8,
 set by the Bazel target). For each mesh, a tiny Gemma 3 built with the default
 rule tables gives the same loss and gradients as on one device (fp32), and
 one train step gives the same parameters. Also: gradient accumulation over

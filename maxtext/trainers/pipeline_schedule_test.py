@@ -1,7 +1,7 @@
 """Pipelined training on 8 fake CPU devices equals one device: the circular
 schedule, and stages whose local/global layer patterns differ.
 
-XLA_FLAGS=--xla_force_host_platform_device_count=8 (set by the Bazel target).
+JAX_NUM_CPU_DEVICES=8 (set by the Bazel target).
 Each case compares the cross-entropy and the gradients of the train step's
 objective (fp32) with the same weights run without a pipeline on one device.
 On meshes of `data` and `stage` alone, the compiled step also shows that the
