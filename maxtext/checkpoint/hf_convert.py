@@ -9,6 +9,11 @@ Multimodal checkpoints (Gemma 3 `Gemma3ForConditionalGeneration`, 4b/12b/27b)
 convert their text decoder: the settings come from `text_config`, the
 weights from `model.language_model.*` / `language_model.model.*`, and the
 vision tower and projector weights are skipped (their count is logged).
+Quantized checkpoints (FP8 block-scaled DeepSeek-V3, MXFP4 GPT-OSS experts)
+are dequantized as each tensor is read (`quantized_weights`). A config that
+names multi-token prediction layers whose weights the folder lacks
+(transformers saves DeepSeek-V3 without them) converts without them, with a
+warning.
 
 `orbax_to_hf(checkpoint, out_dir)` is the inverse: from a converted
 checkpoint or a training checkpoint it writes `config.json` (the family's
@@ -42,6 +47,7 @@ from flax import nnx
 import jax
 
 from maxtext.checkpoint import params_checkpoint
+from maxtext.checkpoint import quantized_weights
 from maxtext.checkpoint import safetensors_io
 from maxtext.common import json_file
 from maxtext.common import exports
@@ -80,7 +86,10 @@ def _read_hf_config(hf_dir: str) -> dict[str, Any]:
 def model_config_from_hf_dir(hf_dir: str) -> ModelConfig:
   """Our `ModelConfig` of the Hugging Face folder's `config.json` (of its
   `text_config` for a multimodal model)."""
-  hf_config = _read_hf_config(hf_dir)
+  return _model_config(hf_dir, _read_hf_config(hf_dir))
+
+
+def _model_config(hf_dir: str, hf_config: dict[str, Any]) -> ModelConfig:
   path = os.path.join(hf_dir, HF_CONFIG_FILENAME)
   try:
     family = registry.family_from_hf_config(hf_config)
@@ -126,12 +135,17 @@ def hf_to_orbax(hf_dir: str, out_dir: str, *, scan_layers: bool = True,
   exports.check_target(out_dir, sources=(hf_dir,))
   if dtype not in DTYPES:
     raise ConversionError(f"dtype={dtype!r} is not one of {DTYPES}.")
-  cfg = model_config_from_hf_dir(hf_dir).replace(scan_layers=scan_layers,
+  hf_config = _read_hf_config(hf_dir)
+  cfg = _model_config(hf_dir, hf_config).replace(scan_layers=scan_layers,
                                                  param_dtype=dtype)
   try:
-    weights = safetensors_io.open_weights(hf_dir)
-  except safetensors_io.WeightsError as e:
+    weights = quantized_weights.dequantized(
+        safetensors_io.open_weights(hf_dir), hf_config,
+        source=os.path.join(hf_dir, HF_CONFIG_FILENAME))
+  except (safetensors_io.WeightsError,
+          quantized_weights.QuantizationError) as e:
     raise ConversionError(str(e)) from e
+  cfg = _without_absent_mtp(cfg, weights, hf_dir)
   model = params_checkpoint.abstract_model(cfg)
   try:
     hf_weights.load_hf_weights(model, weights)
@@ -155,6 +169,22 @@ def hf_to_orbax(hf_dir: str, out_dir: str, *, scan_layers: bool = True,
   logging.info("Converted %s (%s, %d tensors) to %s; copied %s.", hf_dir,
                cfg.family, len(weights), out_dir, copied or "no extra files")
   return cfg
+
+
+def _without_absent_mtp(cfg: ModelConfig, weights, hf_dir: str) -> ModelConfig:
+  """`cfg` without multi-token prediction when its config.json names
+  prediction layers but the weights hold none (transformers saves
+  DeepSeek-V3 without them), said in the log."""
+  if not cfg.mtp.layers:
+    return cfg
+  first = f"model.layers.{cfg.num_layers}."
+  if any(name.startswith(first) for name in weights):
+    return cfg
+  logging.warning(
+      "%s: config.json names %d multi-token prediction layer(s), but the"
+      " weights hold none (no %s*); converting without multi-token"
+      " prediction (mtp_layers=0).", hf_dir, cfg.mtp.layers, first)
+  return cfg.replace(mtp_layers=0)
 
 
 def hf_config_dict(cfg: ModelConfig,

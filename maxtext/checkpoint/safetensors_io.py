@@ -196,6 +196,10 @@ class LazyWeights(Mapping):
   def shape(self, name: str) -> tuple[int, ...]:
     return tuple(self._where[name][1]["shape"])
 
+  def dtype(self, name: str) -> str:
+    """The safetensors dtype name ("BF16", "F8_E4M3", "U8", ...)."""
+    return self._where[name][1]["dtype"]
+
   def file(self, name: str) -> str:
     return self._where[name][0]
 
