@@ -65,6 +65,12 @@ FAMILIES = {
                          rope_type="yarn", rope_theta=150_000.0, factor=4.0,
                          beta_fast=32.0, beta_slow=1.0, truncate=False,
                          original_max_position_embeddings=16)), 1.0),
+    # Post-norms only, q/k norms over the projection; 3 sliding layers then
+    # a global one.
+    "olmo3": (transformers.Olmo3Config, transformers.Olmo3ForCausalLM,
+              dict(num_hidden_layers=4, sliding_window=5,
+                   rope_parameters=dict(rope_type="default",
+                                        rope_theta=10_000.0)), 1.0),
     "qwen3_moe": (transformers.Qwen3MoeConfig,
                   transformers.Qwen3MoeForCausalLM,
                   dict(head_dim=16, num_experts=4, num_experts_per_tok=2,

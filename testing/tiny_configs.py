@@ -14,6 +14,7 @@ from configs import llama2
 from configs import llama3
 from configs import mistral
 from configs import mixtral
+from configs import olmo3
 from configs import qwen2_5
 from configs import qwen3
 from configs import qwen3_moe
@@ -23,8 +24,8 @@ from maxtext.common.model_config import ModelConfig
 CONFIG_MODULES = {
     "deepseek3": deepseek3, "gemma": gemma, "gemma2": gemma2,
     "gemma3": gemma3, "gpt_oss": gpt_oss, "llama2": llama2, "llama3": llama3,
-    "mistral": mistral, "mixtral": mixtral, "qwen2_5": qwen2_5,
-    "qwen3": qwen3, "qwen3_moe": qwen3_moe,
+    "mistral": mistral, "mixtral": mixtral, "olmo3": olmo3,
+    "qwen2_5": qwen2_5, "qwen3": qwen3, "qwen3_moe": qwen3_moe,
 }
 
 

@@ -99,6 +99,8 @@ class ModelConfig:
     param_dtype: Parameter dtype name.
     scan_layers: Stack the blocks' parameters and run them with a scan, so
       compile time does not grow with depth.
+    pre_norms: Normalise the inputs of attention and MLP (pre-norm); off
+      with `post_norms` only (OLMo 2/3).
     post_norms: Also normalise the outputs of attention and MLP before the
       residual add (Gemma 2/3 "sandwich" norms).
     scale_embeddings: Multiply token embeddings by sqrt(embed_dim).
@@ -128,6 +130,7 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   scan_layers: bool = True
+  pre_norms: bool = True
   post_norms: bool = False
   scale_embeddings: bool = False
   final_logit_softcap: float = 0.0
@@ -213,7 +216,7 @@ class ModelConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         _fail(name, value, "must be a positive integer")
-    for name in ("tie_embeddings", "scan_layers", "post_norms",
+    for name in ("tie_embeddings", "scan_layers", "pre_norms", "post_norms",
                  "scale_embeddings"):
       if not isinstance(getattr(self, name), bool):
         _fail(name, getattr(self, name), "must be True or False")
@@ -226,6 +229,9 @@ class ModelConfig:
     for name, part in PARTS.items():
       if not isinstance(getattr(self, name), part):
         _fail(name, getattr(self, name), f"must be a {part.__name__}")
+    if not (self.pre_norms or self.post_norms):
+      _fail("pre_norms", self.pre_norms,
+            "may be False only with post_norms=True (a block needs norms)")
     model_checks.check_expert_layers(self)
     model_checks.check_global_sizes(self)
     model_checks.check_mla(self)

@@ -38,6 +38,7 @@ from maxtext.layers import rope
 # "gqa": this module; "mla": multi-head latent attention (DeepSeek,
 # `maxtext.layers.mla`).
 TYPES = ("gqa", "mla")
+QK_NORM_SPANS = ("head", "projection")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,7 +52,10 @@ class AttentionConfig:
     num_heads: Query heads.
     num_kv_heads: Key/value heads; divides `num_heads` (GQA, MQA when 1).
     head_dim: Width of one attention head.
-    qk_norm: RMSNorm over the head dim of queries and keys.
+    qk_norm: RMSNorm of queries and keys before rotary.
+    qk_norm_over: What one q/k norm's root mean square spans: "head" (each
+      head's `head_dim`: Qwen 3, Gemma 3) or "projection" (all heads of the
+      projection at once, one scale per head and dim: OLMo 2/3).
     qkv_bias: The query, key and value projections add a bias.
     output_bias: The output projection adds a bias (GPT-OSS).
     sinks: Each query head has a learned sink logit that joins its softmax
@@ -69,7 +73,8 @@ class AttentionConfig:
   KEYS: ClassVar[dict[str, str]] = {
       "type": "attention_type", "num_heads": "num_heads",
       "num_kv_heads": "num_kv_heads", "head_dim": "head_dim",
-      "qk_norm": "qk_norm", "qkv_bias": "qkv_bias",
+      "qk_norm": "qk_norm", "qk_norm_over": "qk_norm_over",
+      "qkv_bias": "qkv_bias",
       "output_bias": "attention_output_bias", "sinks": "attention_sinks",
       "query_pre_attn_scalar": "query_pre_attn_scalar",
       "logit_softcap": "attn_logit_softcap",
@@ -82,6 +87,7 @@ class AttentionConfig:
   num_kv_heads: int
   head_dim: int
   qk_norm: bool = False
+  qk_norm_over: str = "head"
   qkv_bias: bool = False
   output_bias: bool = False
   sinks: bool = False
@@ -107,6 +113,8 @@ class AttentionConfig:
     for name in ("qk_norm", "qkv_bias", "output_bias", "sinks"):
       if not isinstance(getattr(self, name), bool):
         fail(name, "must be True or False")
+    if self.qk_norm_over not in QK_NORM_SPANS:
+      fail("qk_norm_over", f"valid values are {QK_NORM_SPANS}")
     scalar = self.query_pre_attn_scalar
     if scalar is not None and scalar <= 0:
       fail("query_pre_attn_scalar",
@@ -178,12 +186,16 @@ class Attention(nnx.Module):
                              (axes.HEADS,))
                   if cfg.sinks else None)
     if cfg.qk_norm:
-      def head_norm():
+      def qk_norm(heads, heads_axis):
+        if cfg.qk_norm_over == "projection":
+          return norm_config.rms_norm((heads, cfg.head_dim),
+                                      axis_name=(heads_axis, axes.HEAD_DIM),
+                                      param_dtype=param_dtype)
         return norm_config.rms_norm(cfg.head_dim, axis_name=axes.HEAD_DIM,
                                     param_dtype=param_dtype)
 
-      self.query_norm = head_norm()
-      self.key_norm = head_norm()
+      self.query_norm = qk_norm(cfg.num_heads, axes.HEADS)
+      self.key_norm = qk_norm(cfg.num_kv_heads, axes.KV_HEADS)
     else:
       self.query_norm = self.key_norm = None
     self.kernel = kernel

@@ -32,9 +32,11 @@ class NormConfig:
     if self.eps <= 0:
       sections.fail_part(self, "eps", "must be positive")
 
-  def rms_norm(self, dim: int, *, axis_name: str,
+  def rms_norm(self, dim: int | tuple[int, ...], *,
+               axis_name: str | tuple[str, ...],
                param_dtype: str) -> "RMSNorm":
-    """An RMSNorm of width `dim` with these settings."""
+    """An RMSNorm of width `dim` (or over the last axes of sizes `dim`,
+    named `axis_name`) with these settings."""
     return RMSNorm(dim, axis_name=axis_name, eps=self.eps, offset=self.offset,
                    param_dtype=param_dtype)
 
@@ -42,20 +44,27 @@ class NormConfig:
 class RMSNorm(nnx.Module):
   """`y = x / rms(x) * (offset + scale)`, computed in float32.
 
-  With `offset = 1` (Gemma) the scale starts at zero; with `offset = 0` it
-  starts at one. Either way the initial multiplier is one.
+  The root mean square is over the last axis, or over the last axes when
+  `dim` is a tuple of their sizes (e.g. all heads of a projection: OLMo's
+  q/k norms). With `offset = 1` (Gemma) the scale starts at zero; with
+  `offset = 0` it starts at one. Either way the initial multiplier is one.
   """
 
-  def __init__(self, dim: int, *, axis_name: str, eps: float, offset: float,
+  def __init__(self, dim: int | tuple[int, ...], *,
+               axis_name: str | tuple[str, ...], eps: float, offset: float,
                param_dtype: str):
+    shape = (dim,) if isinstance(dim, int) else tuple(dim)
+    names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
     self.scale = axes.param(
-        jnp.full((dim,), 1.0 - offset, jnp.dtype(param_dtype)), (axis_name,))
+        jnp.full(shape, 1.0 - offset, jnp.dtype(param_dtype)), names)
     self.eps = eps
     self.offset = offset
+    self.num_axes = len(shape)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x_f32 = x.astype(jnp.float32)
-    mean_square = jnp.mean(jnp.square(x_f32), axis=-1, keepdims=True)
+    over = tuple(range(-self.num_axes, 0))
+    mean_square = jnp.mean(jnp.square(x_f32), axis=over, keepdims=True)
     y = x_f32 * jax.lax.rsqrt(mean_square + self.eps)
     return (y * (self.offset + self.scale[...].astype(jnp.float32))).astype(
         x.dtype)

@@ -42,17 +42,17 @@ def make_attention(cfg: ModelConfig, *, kernel: dispatch.Kernel,
 
 
 class Block(nnx.Module):
-  """Pre-norm residual block: attention then gated MLP or experts (optional
-  post-norms), as layer kind `kind` has them."""
+  """Residual block: attention then gated MLP or experts, each with a
+  pre-norm, a post-norm or both, as layer kind `kind` has them."""
 
   def __init__(self, cfg: ModelConfig, kind: layer_pattern.LayerKind, *,
                kernel: dispatch.Kernel, rngs: nnx.Rngs):
     experts = kind.experts
     cfg = kind.config(cfg)
-    self.pre_attention_norm = embed_norm(cfg)
+    self.pre_attention_norm = embed_norm(cfg) if cfg.pre_norms else None
     self.attention = make_attention(cfg, kernel=kernel, rngs=rngs)
     self.post_attention_norm = embed_norm(cfg) if cfg.post_norms else None
-    self.pre_mlp_norm = embed_norm(cfg)
+    self.pre_mlp_norm = embed_norm(cfg) if cfg.pre_norms else None
     widths = dict(embed_dim=cfg.embed_dim, dtype=cfg.dtype,
                   param_dtype=cfg.param_dtype, rngs=rngs)
     self.mlp = None if experts else mlp.MLP(cfg.mlp, **widths)
@@ -66,7 +66,7 @@ class Block(nnx.Module):
                cache: kv_cache_lib.KVCache | None = None,
                positions_BL: jax.Array | None = None):
     """Returns (new residual stream, cache or None, moe aux dict or None)."""
-    h_BLD = self.attention(self.pre_attention_norm(x_BLD), rotary,
+    h_BLD = self.attention(_norm(self.pre_attention_norm, x_BLD), rotary,
                            window=window, segment_ids_BL=segment_ids_BL,
                            cache=cache, positions_BL=positions_BL)
     if cache is not None:
@@ -76,12 +76,16 @@ class Block(nnx.Module):
     x_BLD = x_BLD + h_BLD
     aux = None
     if self.moe is None:
-      h_BLD = self.mlp(self.pre_mlp_norm(x_BLD))
+      h_BLD = self.mlp(_norm(self.pre_mlp_norm, x_BLD))
     else:
-      h_BLD, aux = self.moe(self.pre_mlp_norm(x_BLD))
+      h_BLD, aux = self.moe(_norm(self.pre_mlp_norm, x_BLD))
     if self.post_mlp_norm is not None:
       h_BLD = self.post_mlp_norm(h_BLD)
     return x_BLD + h_BLD, cache, aux
+
+
+def _norm(norm_layer: norm.RMSNorm | None, x_BLD: jax.Array) -> jax.Array:
+  return x_BLD if norm_layer is None else norm_layer(x_BLD)
 
 
 def _with_remat(call_block, cfg: ModelConfig, config: remat.RematConfig):

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from maxtext.common.model_config import ModelConfig
+from maxtext.layers import rope as rope_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,11 +110,16 @@ def rope_fields(rope: Mapping[str, Any]) -> dict[str, Any]:
     fields["rope_original_max_length"] = int(
         rope["original_max_position_embeddings"])
   if kind == "yarn":
-    if rope.get("attention_factor") is not None:
+    given = rope.get("attention_factor")
+    derived = rope_lib.attention_factor(
+        kind, float(rope["factor"]), float(rope.get("mscale") or 0.0),
+        float(rope.get("mscale_all_dim") or 0.0))
+    # Some configs state the default (OLMo 3); another value is refused.
+    if given is not None and not math.isclose(given, derived, rel_tol=1e-6):
       raise ValueError(
-          f"Unsupported yarn attention_factor={rope['attention_factor']}; "
-          "only the default derived from factor, mscale and mscale_all_dim "
-          "is supported.")
+          f"Unsupported yarn attention_factor={given}; only the default"
+          f" derived from factor, mscale and mscale_all_dim ({derived}) is"
+          " supported.")
     fields.update(
         rope_yarn_beta_fast=float(rope.get("beta_fast") or 32.0),
         rope_yarn_beta_slow=float(rope.get("beta_slow") or 1.0),

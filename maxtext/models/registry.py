@@ -29,6 +29,7 @@ from maxtext.models import llama2
 from maxtext.models import llama3
 from maxtext.models import mistral
 from maxtext.models import mixtral
+from maxtext.models import olmo3
 from maxtext.models import qwen2_5
 from maxtext.models import qwen3
 from maxtext.models import qwen3_moe
@@ -43,6 +44,7 @@ FAMILIES: dict[str, types.ModuleType] = {
     "llama3": llama3,
     "mistral": mistral,
     "mixtral": mixtral,
+    "olmo3": olmo3,
     "qwen2_5": qwen2_5,
     "qwen3": qwen3,
     "qwen3_moe": qwen3_moe,
@@ -60,6 +62,7 @@ HF_MODEL_TYPES: dict[str, str] = {
     "llama": "llama3",
     "mistral": "mistral",
     "mixtral": "mixtral",
+    "olmo3": "olmo3",
     "qwen2": "qwen2_5",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3_moe",

@@ -7,7 +7,8 @@ one train step gives the same parameters. Also: gradient accumulation over
 microbatches equals the large-batch step, a 4-layer model run as a 2-stage
 pipeline equals the same model without a pipeline on one device, and ZeRO-1
 and optimizer-state offloading give the same step with the optimizer state
-laid out as asked.
+laid out as asked; OLMo 3's q/k norms over all heads give the single-device
+step with the heads split over `tensor`.
 """
 
 import functools
@@ -30,6 +31,7 @@ from maxtext.sharding import rules as rules_lib
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
 from testing import devices
+from testing import tiny_configs
 
 _RTOL = 1e-4
 _ATOL = 1e-5
@@ -109,14 +111,18 @@ def _sharded_axes(params) -> list[str]:
           for axis in ((dim,) if isinstance(dim, str) else dim)]
 
 
-def _assert_trees_close(test, got, want):
+def _assert_trees_close(test, got, want, *, scaled_atol: float = 0.0):
+  """Leaf by leaf within `_RTOL` and `_ATOL`, or `scaled_atol` times the
+  leaf's largest magnitude if larger."""
   flat_got = jax.tree_util.tree_leaves_with_path(got)
   flat_want = jax.tree.leaves(want)
   test.assertEqual(len(flat_got), len(flat_want))
   for (path, a), b in zip(flat_got, flat_want):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=_RTOL,
-                               atol=_ATOL,
-                               err_msg=jax.tree_util.keystr(path))
+    b = np.asarray(b)
+    np.testing.assert_allclose(
+        np.asarray(a), b, rtol=_RTOL,
+        atol=max(_ATOL, scaled_atol * float(np.abs(b).max(initial=0.0))),
+        err_msg=jax.tree_util.keystr(path))
 
 
 class ParallelismTest(parameterized.TestCase):
@@ -254,6 +260,33 @@ class ParallelismTest(parameterized.TestCase):
     new_embedding = new_state.params["embedder"]["embedding"]
     self.assertTrue(new_embedding.sharding.is_equivalent_to(
         embedding.sharding, 2), f"{new_embedding.sharding}")
+
+
+class NormsAcrossShardsTest(parameterized.TestCase):
+  """OLMo 3's q/k norms span every head of the projection: with the heads
+  split over `tensor`, their mean square is reduced across the shards."""
+
+  @parameterized.named_parameters(
+      ("tensor", {"data": 2, "tensor": 4}),
+      ("fsdp_tensor", {"data": 1, "fsdp": 2, "tensor": 4}),
+  )
+  def test_sharded_equals_single_device(self, ici):
+    devices.require_devices(8)
+    cfg = tiny_configs.tiny_model_config("olmo3", window=4, num_layers=4)
+    self.assertEqual(cfg.attention.qk_norm_over, "projection")
+    state = _state({"data": -1}, jax.devices()[:1], model_config=cfg)
+    want = _loss_grads_and_update(state, _batch(state))
+    state = _state(ici, jax.devices(), model_config=cfg)
+    self.assertIn("tensor", _sharded_axes(
+        state.params["blocks"]["attention"]["query_norm"]))
+    loss, grads, new_params = _loss_grads_and_update(state, _batch(state))
+    np.testing.assert_allclose(float(loss), float(want[0]), rtol=_RTOL)
+    # Within 1e-3 of each leaf's scale: Adam's first step moves each weight
+    # by about the learning rate whatever its gradient's size, so rounding
+    # of a gradient near zero shows in the updated weight (one element of
+    # 6144 here differs by 1.2e-4).
+    _assert_trees_close(self, grads, want[1], scaled_atol=1e-3)
+    _assert_trees_close(self, new_params, want[2], scaled_atol=1e-3)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+"""Real sizes of the newer families compile for TPU topologies and fit.
+
+Manual (`tools/bazel test //maxtext/bin:aot_real_sizes_test`): each case runs
+`aot_compile` on a published size, minutes of XLA compile per case on a CPU
+host, too long for `bazel test //...`. The memory table of each case is in
+the test log; the same commands are in `docs/aot_compile.md`.
+
+Needs libtpu (a dependency; no TPU).
+"""
+
+import os
+import subprocess
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from testing import train_process
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+_TIMEOUT_S = 1800
+
+# (config, topology, overrides): one published size per family, FSDP over
+# the slice, full remat, batch and length of a pre-training step.
+CASES = (
+    ("olmo3.py:7b", "v5p-8", ("--config.train.batch_size=8",
+                              "--config.data.seq_len=4096")),
+)
+
+
+class AotRealSizesTest(parameterized.TestCase):
+
+  @parameterized.parameters(*CASES)
+  def test_compiles_and_fits(self, config, topology, overrides):
+    env = train_process.child_env(1)
+    env.pop("JAX_NUM_CPU_DEVICES")  # The binary makes the target's devices.
+    argv = train_process.module_argv("maxtext.bin.aot_compile") + [
+        f"--config={os.path.join(_ROOT, 'configs', config)}",
+        f"--topology={topology}", "--config.mesh.ici.data=1",
+        "--config.mesh.ici.fsdp=-1", "--config.remat.policy=full",
+        "--config.data.source=synthetic", *overrides]
+    result = subprocess.run(argv, env=env, cwd=_ROOT, capture_output=True,
+                            text=True, timeout=_TIMEOUT_S, check=False)
+    print(f"== {config} on {topology}\n{result.stdout}")
+    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    self.assertIn(f"Train step on {topology}:", result.stdout)
+    self.assertRegex(result.stdout, r"fits: \d+\.\d% of v5p HBM\.")
+
+
+if __name__ == "__main__":
+  absltest.main()
