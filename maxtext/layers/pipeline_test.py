@@ -61,8 +61,12 @@ class PipelineTest(parameterized.TestCase):
                                                   microbatches):
     params = _params(stages, repeats)
     inputs = _inputs()
+    # The two programs fuse and round differently (at the tests' LLVM -O0
+    # up to 2.5e-5 relative on outputs of size ~1); a wrong schedule is off
+    # by O(1).
     np.testing.assert_allclose(_piped(params, inputs, microbatches),
-                               _sequential(params, inputs), rtol=1e-6)
+                               _sequential(params, inputs), rtol=1e-4,
+                               atol=1e-5)
 
     def grads(fn):
       return jax.grad(lambda p, x: jnp.sum(fn(p, (x, inputs[1])) ** 2),

@@ -3,6 +3,7 @@
 import functools
 
 from absl.testing import absltest
+from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +16,7 @@ from maxtext.optim import update_guard
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
+from testing import tiny_configs
 
 
 def _numpy_cross_entropy(logits, targets, mask):
@@ -36,8 +38,9 @@ def _tiny_model_config() -> ModelConfig:
   return ModelConfig.from_dict(values)
 
 
-def _state(z_loss=0.0, **guard):
-  """A fresh state; `guard` (if given) are `skip_bad_updates` options."""
+def _state(z_loss=0.0, model_config=None, **guard):
+  """A fresh state of `model_config` (default: a tiny Gemma 3); `guard`
+  (if given) are `skip_bad_updates` options."""
   opt_values = gemma3.get_config().optimizer.to_dict()
   opt_values.update(learning_rate=1e-2, warmup_steps=2, z_loss=z_loss)
   opt_config = optimizer.OptimizerConfig(**opt_values)
@@ -47,7 +50,7 @@ def _state(z_loss=0.0, **guard):
   if guard:
     tx = update_guard.skip_bad_updates(tx, **guard)
   return train_state_lib.create_train_state(
-      _tiny_model_config(), seed=0,
+      model_config or _tiny_model_config(), seed=0,
       tx=tx,
       schedule=optimizer.learning_rate_schedule(opt_config, total_steps=10),
       z_loss=z_loss, mesh=the_mesh)
@@ -108,7 +111,7 @@ class CrossEntropyTest(absltest.TestCase):
     self.assertEqual(float(empty), 0.0)
 
 
-class TrainStepTest(absltest.TestCase):
+class TrainStepTest(parameterized.TestCase):
 
   def _reference(self, state, batch, z_loss):
     """Loss, z-term and gradient norm computed directly from the model."""
@@ -184,8 +187,13 @@ class TrainStepTest(absltest.TestCase):
     self.assertEqual(float(metrics["train/skipped_steps"]), 1.0)
     self.assertEqual(int(state.step), 8)  # The data moved on.
 
-  def test_loss_falls_on_a_repeated_batch(self):
-    state, batch = _state(), _batch()
+  # Gemma 3, and a tiny model of each family added since (their own
+  # layers: OLMo 3's post-norms only and q/k norms over the projection).
+  @parameterized.parameters(None, "olmo3")
+  def test_loss_falls_on_a_repeated_batch(self, family):
+    state = _state(model_config=family and tiny_configs.tiny_model_config(
+        family, window=4))
+    batch = _batch()
     losses = []
     for _ in range(10):
       state, metrics = train_step_lib.train_step(state, batch)

@@ -31,8 +31,11 @@ class XlaOptionsTest(absltest.TestCase):
     dump = self.create_tempdir().full_path
     mesh = jax.make_mesh((1,), ("data",))
     lowered = jax.jit(lambda x: jnp.sin(x) * 2).lower(jnp.ones(8))
+    # Whatever level the environment sets (the tests' own is 0), a program
+    # compiled with the options has theirs.
     with absltest.mock.patch.dict(xla_options.CPU_OPTIONS,
-                                  {"xla_dump_to": dump}):
+                                  {"xla_dump_to": dump}), (
+        absltest.mock.patch.dict("os.environ", {"XLA_FLAGS": ""})):
       compiled = xla_options.compile_for(lowered, mesh)
     self.assertEqual(list(compiled(jnp.zeros(8))), [0.0] * 8)
     (options,) = glob.glob(os.path.join(dump, "*.debug_options"))
