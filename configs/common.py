@@ -36,8 +36,10 @@ def model_defaults() -> ml_collections.ConfigDict:
       scan_layers=True,
       norm_eps=1e-6,
       norm_offset=0.0,
+      pre_norms=True,
       post_norms=False,
       qk_norm=False,
+      qk_norm_over="head",
       qkv_bias=False,
       attention_output_bias=False,
       attention_sinks=False,  # A learned sink logit per head (GPT-OSS).
