@@ -72,9 +72,12 @@ class PipelineTest(parameterized.TestCase):
       return jax.grad(lambda p, x: jnp.sum(fn(p, (x, inputs[1])) ** 2),
                       argnums=(0, 1))(params, inputs[0])
 
-    # Gradients reach ~100: float32 rounding is ~1e-5 absolute.
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
-                                                         atol=1e-4),
+    # Gradients reach ~100 through up to 6 tanh layers, and the two
+    # programs fuse and round differently (at the tests' LLVM -O0 up to
+    # 2.6e-4 relative, 1.4e-3 absolute): within 1e-3 relative and 1e-4 of
+    # each leaf's largest magnitude; a wrong schedule is off by O(1).
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(
+        a, b, rtol=1e-3, atol=1e-4 * float(np.abs(b).max())),
                  grads(lambda p, x: _piped(p, x, microbatches)),
                  grads(_sequential))
 
