@@ -113,17 +113,18 @@ class _Dequantized(Mapping):
   def __init__(self, base):
     self._base = base
     self._quantized = {}  # visible name -> its base names
-    self._visible = list(self._plan())
+    # Ordered, with constant-time lookups (a checkpoint has ~10^5 names).
+    self._visible = dict.fromkeys(self._plan())
 
   def _plan(self) -> Iterator[str]:
     raise NotImplementedError
 
-  def _make(self, name: str, parts: tuple[str, ...]) -> np.ndarray:
+  def _make(self, parts: tuple[str, ...]) -> np.ndarray:
     raise NotImplementedError
 
   def __getitem__(self, name: str) -> np.ndarray:
     if name in self._quantized:
-      return self._make(name, self._quantized[name])
+      return self._make(self._quantized[name])
     if name not in self._visible:
       raise KeyError(name)
     return self._base[name]
@@ -163,6 +164,7 @@ class _Fp8Weights(_Dequantized):
     base = self._base
     scales = {name[:-len(FP8_SCALE_SUFFIX)]: name for name in base
               if name.endswith(FP8_SCALE_SUFFIX)}
+    scale_names = set(scales.values())
     for weight, scale in scales.items():
       if weight not in base:
         raise QuantizationError(
@@ -180,7 +182,7 @@ class _Fp8Weights(_Dequantized):
             f" scale of shape {list(grid) if grid is not None else '?'}.")
       self._quantized[weight] = (weight, scale)
     for name in base:
-      if name in scales.values() or name.endswith(FP8_ACTIVATION_SUFFIXES):
+      if name in scale_names or name.endswith(FP8_ACTIVATION_SUFFIXES):
         continue
       if name not in self._quantized and base.dtype(name).startswith("F8"):
         raise QuantizationError(
@@ -188,7 +190,7 @@ class _Fp8Weights(_Dequantized):
             f" {name + FP8_SCALE_SUFFIX!r} in the checkpoint.")
       yield name
 
-  def _make(self, name: str, parts: tuple[str, ...]) -> np.ndarray:
+  def _make(self, parts: tuple[str, ...]) -> np.ndarray:
     weight, scale = (np.asarray(self._base[p], np.float32) for p in parts)
     if self._block is None:
       return weight * scale.reshape(())
@@ -236,7 +238,7 @@ class _Mxfp4Weights(_Dequantized):
     yield from (name for name in base if name not in hidden)
     yield from self._quantized
 
-  def _make(self, name: str, parts: tuple[str, ...]) -> np.ndarray:
+  def _make(self, parts: tuple[str, ...]) -> np.ndarray:
     blocks, scales = (np.asarray(self._base[p]) for p in parts)
     values = np.empty(blocks.shape[:-1] + (MXFP4_GROUP,), np.float32)
     values[..., 0::2] = FP4_VALUES[blocks & 0x0F]

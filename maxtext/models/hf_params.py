@@ -279,13 +279,16 @@ def block_param(path: tuple[str, ...], hf_suffix: str, *,
 # Gemma 1 and Qwen); Gemma 2 and 3 name it "pre_feedforward_layernorm".
 PRE_MLP_NORM = block_param(("pre_mlp_norm", "scale"),
                            "post_attention_layernorm.weight")
+# The norms of attention's and the MLP's outputs (Gemma 2 and 3, OLMo).
+POST_ATTENTION_NORM = block_param(("post_attention_norm", "scale"),
+                                  "post_attention_layernorm.weight")
+POST_MLP_NORM = block_param(("post_mlp_norm", "scale"),
+                            "post_feedforward_layernorm.weight")
 # Gemma 2 and 3 normalise both block inputs and both block outputs.
 SANDWICH_NORMS = (
-    block_param(("post_attention_norm", "scale"),
-                "post_attention_layernorm.weight"),
+    POST_ATTENTION_NORM,
     block_param(("pre_mlp_norm", "scale"), "pre_feedforward_layernorm.weight"),
-    block_param(("post_mlp_norm", "scale"),
-                "post_feedforward_layernorm.weight"),
+    POST_MLP_NORM,
 )
 QK_NORMS = (
     block_param(("attention", "query_norm", "scale"),

@@ -13,6 +13,7 @@ checkpoints onto that model.
 """
 
 from collections.abc import Mapping
+import dataclasses
 from typing import Any
 
 from maxtext.common.model_config import ModelConfig
@@ -23,16 +24,10 @@ MODEL_CLASS = decoder.Decoder
 
 HF_PARAMS = hf_params.COMMON_PARAMS
 HF_BLOCK_PARAMS = hf_params.COMMON_BLOCK_PARAMS + (
-    hf_params.block_param(("post_attention_norm", "scale"),
-                          "post_attention_layernorm.weight"),
-    hf_params.block_param(("post_mlp_norm", "scale"),
-                          "post_feedforward_layernorm.weight"),
-    # Hugging Face's norms span the projection: [heads * head_dim].
-    hf_params.block_param(("attention", "query_norm", "scale"),
-                          "self_attn.q_norm.weight", flatten=True),
-    hf_params.block_param(("attention", "key_norm", "scale"),
-                          "self_attn.k_norm.weight", flatten=True),
-)
+    hf_params.POST_ATTENTION_NORM, hf_params.POST_MLP_NORM) + tuple(
+        # Hugging Face's norms span the projection: [heads * head_dim].
+        dataclasses.replace(entry, flatten=True)
+        for entry in hf_params.QK_NORMS)
 
 HF_MODEL_TYPE = "olmo3"
 HF_ARCHITECTURE = "Olmo3ForCausalLM"
