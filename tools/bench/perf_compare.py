@@ -21,6 +21,7 @@ _HOST_MALLOC = host_memory.keep_freed_memory(reexec=__name__ == "__main__")
 
 # pylint: disable=wrong-import-position
 import dataclasses
+import itertools
 import statistics
 import time
 
@@ -28,6 +29,7 @@ from absl import app
 from absl import flags
 import jax
 
+from maxtext.kernels import dispatch
 from maxtext.trainers import config as config_lib
 from maxtext.trainers import hooks
 from maxtext.trainers import pretrain
@@ -50,6 +52,12 @@ _PEAK_TFLOPS = flags.DEFINE_float(
     " 0 measures it (`matmul_peak`).", lower_bound=0.0)
 _SMALL_BATCH = flags.DEFINE_integer("small_batch", 8,
                                     "Global batch of `small`.", lower_bound=1)
+_ATTENTION_IMPLS = flags.DEFINE_list(
+    "attention_impls", ["auto"],
+    f"Attention implementations to run each shape with, of {dispatch.IMPLS}.")
+_ATTENTION_BLOCK = flags.DEFINE_integer(
+    "attention_block", 512, "Query and key tile of the tiled attentions"
+    " (blockwise, splash, pallas_gpu).", lower_bound=16)
 _FSDP = flags.DEFINE_bool(
     "fsdp", False, "Split parameters and batch over all devices (FSDP)"
     " instead of data parallelism.")
@@ -79,6 +87,7 @@ def measure(experiment: config_lib.ExperimentConfig, *, steps: int,
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  failed = []
   for dtype in _DTYPES.value:
     if _PEAK_TFLOPS.value:
       peak, source = _PEAK_TFLOPS.value * 1e12, "given"
@@ -87,20 +96,34 @@ def main(argv: list[str]) -> None:
     print(f"devices {jax.device_count()} x {jax.devices()[0].device_kind};"
           f" {source} {dtype} matmul peak {peak / 1e12:.4f} TFLOP/s/device;"
           f" host malloc {host_memory.malloc_name(_HOST_MALLOC)}")
-    for shape in _SHAPES.value:
+    for shape, impl in itertools.product(_SHAPES.value,
+                                         _ATTENTION_IMPLS.value):
       experiment = shapes_lib.experiment_config(
-          shape, dtype, _SMALL_BATCH.value, fsdp=_FSDP.value)
-      compile_s, step_s, throughput = measure(
-          experiment, steps=_STEPS.value, warmup_steps=_WARMUP_STEPS.value)
+          shape, dtype, _SMALL_BATCH.value, fsdp=_FSDP.value,
+          attention_impl=impl, attention_block=_ATTENTION_BLOCK.value)
+      try:
+        compile_s, step_s, throughput = measure(
+            experiment, steps=_STEPS.value,
+            warmup_steps=_WARMUP_STEPS.value)
+      except Exception as e:  # pylint: disable=broad-exception-caught
+        # One row that cannot run (an implementation this backend lacks,
+        # memory) leaves the others.
+        failed.append(f"{shape} {dtype} attention {impl}")
+        print(f"{failed[-1]}: failed: {type(e).__name__}:"
+              f" {str(e).splitlines()[0] if str(e) else ''}")
+        continue
       figures = dataclasses.replace(
           throughput, peak_flops_per_device=peak).metrics(step_s)
-      print(f"{shape} {dtype}: compile {compile_s:.2f} s, step"
+      print(f"{shape} {dtype} attention {impl}: compile {compile_s:.2f} s,"
+            " step"
             f" {step_s:.4f} s (median of {_STEPS.value}),"
             f" {figures['perf/tokens_per_s_per_device']:.1f}"
             " tokens/s/device,"
             f" {figures['perf/tflops_per_s_per_device']:.4f} TFLOP/s/device,"
             f" MFU {100 * figures['perf/mfu']:.1f}% of {source} peak, peak"
             f" memory {memory.peak_memory()}")
+  if failed:
+    raise SystemExit(f"{len(failed)} row(s) failed: {', '.join(failed)}.")
 
 if __name__ == "__main__":
   app.run(main)

@@ -36,8 +36,12 @@ def global_batch(shape: str, small_batch: int) -> int:
 
 
 def experiment_config(shape: str, dtype: str, small_batch: int = 8, *,
-                      fsdp: bool = False) -> config_lib.ExperimentConfig:
-  """The experiment of standard shape `shape` in `dtype` (FSDP with `fsdp`).
+                      fsdp: bool = False, attention_impl: str = "auto",
+                      attention_block: int = 512
+                      ) -> config_lib.ExperimentConfig:
+  """The experiment of standard shape `shape` in `dtype` (FSDP with `fsdp`),
+  attention by `attention_impl` (`maxtext.kernels.dispatch.IMPLS`) with
+  query and key tiles of `attention_block`.
 
   Raises:
     ValueError: an unknown shape (names the valid ones).
@@ -50,6 +54,9 @@ def experiment_config(shape: str, dtype: str, small_batch: int = 8, *,
   config.model.update(dict(fields, tie_embeddings=False, dtype=dtype))
   config.data.source = "synthetic"
   config.train.batch_size = global_batch(shape, small_batch)
+  config.attention_kernel.update(dict(impl=attention_impl,
+                                      block_q=attention_block,
+                                      block_kv=attention_block))
   if fsdp:
     config.mesh.ici.data = 1
     config.mesh.ici.fsdp = -1
