@@ -108,8 +108,9 @@ def _batch(state, rows=8, length=8, seed=0):
 
 @jax.jit
 def _loss_grads_and_params(state, batch):
-  loss, _, grads, _ = train_step_lib.loss_and_grads(state, batch)
-  new_state, _ = train_step_lib.train_step(state, batch)
+  loss, z_term, grads, moe_stats = train_step_lib.loss_and_grads(state, batch)
+  new_state, _ = train_step_lib.apply_gradients(state, loss, z_term, grads,
+                                                moe_stats)
   return loss, grads, new_state.params
 
 

@@ -83,8 +83,9 @@ def _batch(state, rows=8, length=8):
 @jax.jit
 def _loss_grads_and_step(state, batch):
   """(loss, gradients, state after one train step), one compile."""
-  loss, _, grads, _ = train_step_lib.loss_and_grads(state, batch)
-  new_state, _ = train_step_lib.train_step(state, batch)
+  loss, z_term, grads, moe_stats = train_step_lib.loss_and_grads(state, batch)
+  new_state, _ = train_step_lib.apply_gradients(state, loss, z_term, grads,
+                                                moe_stats)
   return loss, grads, new_state
 
 

@@ -125,7 +125,16 @@ def train_step(state: TrainState,
     prediction `train/mtp_loss` (unweighted); and `loop.STATE_FINITE_METRIC`,
     whether the new state is finite.
   """
-  loss, z_term, grads, moe_stats = loss_and_grads(state, batch)
+  return apply_gradients(state, *loss_and_grads(state, batch))
+
+
+def apply_gradients(state: TrainState, loss: jax.Array, z_term: jax.Array,
+                    grads, moe_stats: dict) -> tuple[TrainState, dict]:
+  """`train_step`'s update from `loss_and_grads(state, batch)`'s results:
+  the new state and the metrics. Traced inside `train_step`; a test that
+  also inspects the gradients jits both halves together (one forward and
+  backward pass)."""
+  moe_stats = dict(moe_stats)
   # The loss goes to transformations that take it (`update_guard`).
   tx = optax.with_extra_args_support(state.tx)
   updates, opt_state = tx.update(grads, state.opt_state, state.params,
