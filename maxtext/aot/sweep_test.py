@@ -12,7 +12,9 @@ from maxtext.trainers.config import ExperimentConfig
 
 class SweepTest(absltest.TestCase):
 
-  def test_layouts_and_remat_policies_are_compiled_and_ranked(self):
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
     # Dimensions that stay multiples of TPU tiles (128) when split 4 ways,
     # and long rows, so that layouts and remat change memory as on a big
     # model rather than by tile padding. Two unrolled layers: remat keeps
@@ -31,41 +33,47 @@ class SweepTest(absltest.TestCase):
     # remat halves splash's temporaries (607 MB against 1,233 MB).
     config.attention_kernel.impl = "reference"
     config.data.seq_len = 256
-    experiment = ExperimentConfig.from_config_dict(config)
-    hardware = topology.hardware_for("v5e:2x2")
-    layouts = [sweep.parse_layout("fsdp=4"), sweep.parse_layout("data=4"),
-               sweep.parse_layout("fsdp=3")]
-    rows = sweep.sweep(experiment, hardware, layouts, ["none", "full"])
-    self.assertLen(rows, 6)
-    by_key = {(row.layout_text(), row.remat_policy): row for row in rows}
+    cls.experiment = ExperimentConfig.from_config_dict(config)
+    cls.hardware = topology.hardware_for("v5e:2x2")
+    # Three TPU compiles in all (libtpu's take most of this test's time):
+    # the layouts without remat, and FSDP with full remat.
+    cls.rows = sweep.sweep(
+        cls.experiment, cls.hardware,
+        [sweep.parse_layout(text) for text in ("fsdp=4", "data=4", "fsdp=3")],
+        ["none"])
+    [cls.full] = sweep.sweep(cls.experiment, cls.hardware,
+                             [sweep.parse_layout("fsdp=4")], ["full"])
+
+  def test_layouts_are_compiled_and_ranked(self):
+    rows = self.rows
+    self.assertLen(rows, 3)
+    by_layout = {row.layout_text(): row for row in rows}
     # fsdp=3 does not cover the 4 devices: listed last, with the reason.
-    for policy in ("none", "full"):
-      self.assertIn("needs 3 devices", by_key["fsdp=3", policy].error)
-      self.assertFalse(by_key["fsdp=3", policy].out_of_memory)
-    self.assertEqual([row.layout_text() for row in rows[-2:]],
-                     ["fsdp=3"] * 2)
-    fitting = rows[:4]
+    self.assertEqual(rows[-1].layout_text(), "fsdp=3")
+    self.assertIn("needs 3 devices", rows[-1].error)
+    self.assertFalse(rows[-1].out_of_memory)
+    fitting = rows[:2]
     self.assertTrue(all(row.fits for row in fitting))
     times = [row.report.step_time_s for row in fitting]
     self.assertEqual(times, sorted(times))
     # FSDP splits the state 4 ways; data parallelism keeps it whole.
-    fsdp, data = by_key["fsdp=4", "none"], by_key["data=4", "none"]
+    fsdp, data = by_layout["fsdp=4"], by_layout["data=4"]
     self.assertGreater(data.report.argument_bytes,
                        3 * fsdp.report.argument_bytes)
-    # Full remat keeps less for the backward pass and recomputes more.
-    full = by_key["fsdp=4", "full"]
-    self.assertLess(full.report.temp_bytes, fsdp.report.temp_bytes)
-    self.assertGreater(full.report.xla_flops, fsdp.report.xla_flops)
-    table = sweep.format_table(rows, hardware.memory_name)
+    table = sweep.format_table(rows, self.hardware.memory_name)
     self.assertEqual(table.splitlines()[1].split()[:3],
                      ["1", rows[0].layout_text(), rows[0].remat_policy])
     self.assertIn("invalid: mesh.ici", table)
 
+  def test_full_remat_keeps_less_and_recomputes(self):
+    fsdp = {row.layout_text(): row for row in self.rows}["fsdp=4"]
+    self.assertEqual((self.full.layout_text(), self.full.remat_policy),
+                     ("fsdp=4", "full"))
+    self.assertLess(self.full.report.temp_bytes, fsdp.report.temp_bytes)
+    self.assertGreater(self.full.report.xla_flops, fsdp.report.xla_flops)
+
   def test_rank_puts_fitting_rows_first(self):
-    experiment = tiny_experiment.tiny_experiment(num_layers=1)
-    hardware = topology.hardware_for("v5e-1")
-    [row] = sweep.sweep(experiment, hardware, [sweep.parse_layout("fsdp=1")],
-                        ["none"])
+    row = self.rows[0]
     report = row.report
     fast = dataclasses.replace(row, report=dataclasses.replace(
         report, step_time_s=report.step_time_s / 2))

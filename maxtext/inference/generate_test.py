@@ -5,7 +5,8 @@ families included), greedy continues the full forward's argmax, top-k=1 is
 greedy, sampling is reproducible by seed, EOS (or any of several stop
 tokens) stops one row, suppressed tokens never appear, the returned
 log-probs are the full forward's log-softmax (stacked dense and expert
-layers included), a pipelined model decodes like the same weights
+layers included), stacked and unstacked layers with the same weights
+generate the same tokens, a pipelined model decodes like the same weights
 unpipelined, and prompts padded to one bucket share one compilation.
 """
 
@@ -21,6 +22,7 @@ from maxtext.inference import generate
 from maxtext.inference import sampler
 from maxtext.layers import pipeline
 from maxtext.models import execution
+from maxtext.models import hf_weights
 from maxtext.models import registry
 from testing import tiny_configs
 
@@ -122,6 +124,16 @@ class GenerateTest(parameterized.TestCase):
       want = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
       np.testing.assert_allclose(
           got, want[np.arange(len(out)), out], atol=1e-5, rtol=1e-5)
+
+  # deepseek3: dense and expert block groups, each stacked or a list.
+  def test_stacked_and_unstacked_layers_generate_alike(self):
+    stacked = _model(_tiny("deepseek3", scan_layers=True))
+    unstacked = _model(_tiny("deepseek3", scan_layers=False))
+    hf_weights.load_hf_weights(unstacked, hf_weights.to_hf_weights(stacked))
+    prompts = [[5, 1, 8, 60, 33, 2], [3, 9]]
+    self.assertEqual(
+        generate.generate(unstacked, prompts, max_new_tokens=8),
+        generate.generate(stacked, prompts, max_new_tokens=8))
 
   def test_any_stop_token_stops_its_row(self):
     model = _model(_tiny("qwen3"))

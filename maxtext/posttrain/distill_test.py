@@ -176,8 +176,16 @@ class DistillRunTest(absltest.TestCase):
     tuned = sft.run(sft_config, os.path.join(self.folder, "sft"))
     got, want = (params_checkpoint.load_params(r.exported["export"])[1]
                  for r in (distilled, tuned))
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-      np.testing.assert_allclose(a, b, atol=1e-6)
+    start = params_checkpoint.load_params(self.student)[1]
+    # The two programs round apart, and Adam turns that into up to 6e-4 in
+    # an element whose gradient is near 0; a distillation term left in
+    # would change the whole update, as large as the update itself.
+    for a, b, before in zip(jax.tree.leaves(got), jax.tree.leaves(want),
+                            jax.tree.leaves(start), strict=True):
+      a, b, before = (np.asarray(x, np.float64) for x in (a, b, before))
+      update = np.linalg.norm(b - before)
+      self.assertGreater(update, 0.0)
+      self.assertLess(np.linalg.norm(a - b), 1e-2 * update)
 
   def test_quantized_teacher(self):
     tokens = jnp.asarray([[3, 14, 15, 92, 65, 35]], jnp.int32)
