@@ -84,8 +84,10 @@ def model_defaults() -> ml_collections.ConfigDict:
       expert_bias=False,  # Biases on the experts' projections (GPT-OSS).
       expert_gate_up_fused=False,  # One gate_up parameter (GPT-OSS).
       routed_scaling_factor=1.0,
-      num_expert_groups=1,  # Group-limited routing (DeepSeek-V3); 1: off.
+      num_expert_groups=1,  # Group-limited routing (DeepSeek); 1: off.
       expert_groups_per_token=1,
+      # A group's score: "top2_sum" (DeepSeek-V3) or "max" (DeepSeek-V2).
+      expert_group_score="top2_sum",
       # "dropless" (ragged_dot), "capacity" (drops past capacity_factor) or
       # "dense" (every expert on every token: the reference).
       moe_impl="dropless",

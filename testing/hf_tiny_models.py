@@ -39,6 +39,26 @@ FAMILIES = {
                            beta_fast=32.0, beta_slow=1.0, mscale=1.0,
                            mscale_all_dim=1.0)),
                   1.0),
+    # MLA without low-rank queries, interleaved YaRN rotary (mscale_all_dim
+    # 0: transformers 5.12 leaves its softmax factor out); the first layer
+    # dense, then 8 softmax-routed experts in 4 groups scored by their best
+    # expert (group-limited greedy) + two shared.
+    "deepseek2": (transformers.DeepseekV2Config,
+                  transformers.DeepseekV2ForCausalLM,
+                  dict(num_hidden_layers=3, num_key_value_heads=4,
+                       q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8,
+                       qk_nope_head_dim=12, v_head_dim=10,
+                       moe_intermediate_size=32, n_routed_experts=8,
+                       num_experts_per_tok=3, n_group=4, topk_group=2,
+                       topk_method="group_limited_greedy",
+                       n_shared_experts=2, first_k_dense_replace=1,
+                       routed_scaling_factor=2.5, norm_topk_prob=False,
+                       rope_parameters=dict(
+                           rope_type="yarn", rope_theta=10_000.0,
+                           factor=4.0, original_max_position_embeddings=16,
+                           beta_fast=32.0, beta_slow=1.0, mscale=0.707,
+                           mscale_all_dim=0.0)),
+                  1.0),
     "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM,
               dict(num_key_value_heads=1, head_dim=24), 0.0),
     "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
@@ -78,13 +98,27 @@ FAMILIES = {
 }
 
 
-def tiny_hf_model(family: str, seed: int = 0) -> torch.nn.Module:
-  """A float32 eval-mode model of `family` with random weights; generation
-  never stops at an EOS token (none is set)."""
+def with_fixes(model: torch.nn.Module) -> torch.nn.Module:
+  """`model` (built or loaded) with the locked transformers' known bugs
+  worked around: 5.12's DeepseekV2Moe reads `self.num_experts` in its
+  group-limited routing but never sets it (later versions read the
+  config's n_routed_experts), so it is set to that."""
+  for module in model.modules():
+    if (type(module).__name__ == "DeepseekV2Moe"
+        and not hasattr(module, "num_experts")):
+      module.num_experts = model.config.n_routed_experts
+  return model
+
+
+def tiny_hf_model(family: str, seed: int = 0,
+                  **config_changes) -> torch.nn.Module:
+  """A float32 eval-mode model of `family` (its `FAMILIES` config, then
+  `config_changes`) with random weights; generation never stops at an EOS
+  token (none is set)."""
   config_class, model_class, changes, norm_mean = FAMILIES[family]
-  model = hf_reference.random_hf_model(
-      model_class, config_class(**{**SIZES, **changes}), norm_mean=norm_mean,
-      seed=seed)
+  model = with_fixes(hf_reference.random_hf_model(
+      model_class, config_class(**{**SIZES, **changes, **config_changes}),
+      norm_mean=norm_mean, seed=seed))
   model.generation_config.eos_token_id = None
   model.generation_config.pad_token_id = 0
   return model

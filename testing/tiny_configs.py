@@ -5,6 +5,7 @@ thousand parameters (the family's own choices such as norms, soft-caps and
 the local/global pattern kept), for tests that run every family.
 """
 
+from configs import deepseek2
 from configs import deepseek3
 from configs import gemma
 from configs import gemma2
@@ -22,7 +23,7 @@ from maxtext.common.model_config import ModelConfig
 
 # family -> its config module (`configs/<family>.py`).
 CONFIG_MODULES = {
-    "deepseek3": deepseek3, "gemma": gemma, "gemma2": gemma2,
+    "deepseek2": deepseek2, "deepseek3": deepseek3, "gemma": gemma, "gemma2": gemma2,
     "gemma3": gemma3, "gpt_oss": gpt_oss, "llama2": llama2, "llama3": llama3,
     "mistral": mistral, "mixtral": mixtral, "olmo3": olmo3,
     "qwen2_5": qwen2_5, "qwen3": qwen3, "qwen3_moe": qwen3_moe,

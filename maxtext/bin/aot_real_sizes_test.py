@@ -25,6 +25,8 @@ _TIMEOUT_S = 1800
 CASES = (
     ("olmo3.py:7b", "v5p-8", ("--config.train.batch_size=8",
                               "--config.data.seq_len=4096")),
+    ("deepseek2.py:lite", "v5p-8", ("--config.train.batch_size=8",
+                                    "--config.data.seq_len=4096")),
 )
 
 

@@ -93,8 +93,9 @@ class FamilyConversionTest(parameterized.TestCase):
                                    for d in (hf_dir, back))
         for key in sorted(want_config.keys() & got_config.keys()):
           self.assertIsInstance(got_config[key], type(want_config[key]), key)
-        reloaded = transformers.AutoModelForCausalLM.from_pretrained(
-            back, attn_implementation="eager").eval()
+        reloaded = hf_tiny_models.with_fixes(
+            transformers.AutoModelForCausalLM.from_pretrained(
+                back, attn_implementation="eager").eval())
         self.assertIsInstance(reloaded, type(hf_model))
         np.testing.assert_allclose(_hf_logits(reloaded), want_logits,
                                    rtol=0, atol=1e-5)

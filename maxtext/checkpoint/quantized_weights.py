@@ -24,7 +24,10 @@ in float32, as transformers does), so memory holds one weight and its scale
 at a time; a weight and its scale may lie in different shards. Every pair is
 checked from the headers before anything is read: a quantized weight without
 its scale, a scale without its weight, or a scale grid that does not fit the
-weight and the block size is a `QuantizationError` naming the tensor.
+weight and the block size is a `QuantizationError` naming the tensor. So is
+a checkpoint that holds quantized tensors (float8 weights, FP8 scales,
+MXFP4 blocks) but whose config names no format: read as they are, they
+would be wrong weights.
 """
 
 from collections.abc import Iterator, Mapping
@@ -90,11 +93,13 @@ def dequantized(weights: Mapping[str, np.ndarray], hf_config: Mapping[str, Any],
     source: Names the config in errors.
 
   Raises:
-    QuantizationError: an unknown method, a bad block size, or a tensor
-      whose quantized pair is missing or does not fit (names the tensor).
+    QuantizationError: an unknown method, a bad block size, a tensor
+      whose quantized pair is missing or does not fit, or a quantized
+      tensor without a `quantization_config` (names the tensor).
   """
   config = _quantization_config(hf_config, source)
   if config is None:
+    _check_unquantized(weights, source)
     return weights
   if config["quant_method"] == "fp8":
     view = _Fp8Weights(weights, _fp8_block(config, source))
@@ -104,6 +109,33 @@ def dequantized(weights: Mapping[str, np.ndarray], hf_config: Mapping[str, Any],
                " they are read.", source, config["quant_method"],
                len(view.quantized_names))
   return view
+
+
+def _location(weights, name: str) -> str:
+  """" (in <file>)" where `weights` knows the file holding `name`."""
+  file = getattr(weights, "file", None)
+  return f" (in {file(name)})" if file else ""
+
+
+def _check_unquantized(weights: Mapping[str, np.ndarray], source: str) -> None:
+  """Raises `QuantizationError` at the first tensor of `weights` in a
+  quantized layout (the config names no format)."""
+  dtype = getattr(weights, "dtype", None)
+  for name in weights:
+    if dtype is not None and dtype(name).startswith("F8"):
+      found = f"is {dtype(name)}, an FP8 weight"
+    elif name.endswith(FP8_SCALE_SUFFIX):
+      found = "is an FP8 scale"
+    elif (name.endswith(MXFP4_BLOCKS_SUFFIX) and name[:-len(
+        MXFP4_BLOCKS_SUFFIX)] + MXFP4_SCALES_SUFFIX in weights):
+      found = "holds MXFP4 blocks"
+    else:
+      continue
+    raise QuantizationError(
+        f"{source} has no quantization_config, but tensor {name!r}"
+        f"{_location(weights, name)} {found}: a quantized checkpoint's"
+        " config.json names its format in quantization_config.quant_method,"
+        f" one of {list(QUANT_METHODS)}.")
 
 
 class _Dequantized(Mapping):
@@ -141,8 +173,7 @@ class _Dequantized(Mapping):
     return len(self._visible)
 
   def _where(self, name: str) -> str:
-    file = getattr(self._base, "file", None)
-    return f" (in {file(name)})" if file else ""
+    return _location(self._base, name)
 
 
 class _Fp8Weights(_Dequantized):

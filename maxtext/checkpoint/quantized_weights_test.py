@@ -6,6 +6,8 @@ of `testing.quantized_checkpoints`; the dequantized arrays are compared with a p
 cannot take) and with transformers' own MXFP4 unpacking.
 """
 
+import re
+
 from absl.testing import absltest
 import ml_dtypes
 import numpy as np
@@ -117,6 +119,25 @@ class Fp8Test(absltest.TestCase):
       self._refused({name: q, name + "_scale_inv": s},
                     {"quant_method": "awq"}, "quant_method='awq'",
                     "['fp8', 'mxfp4']")
+
+  def test_quantized_tensors_without_a_config_are_refused(self):
+    name = "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"
+    q, s = self.tensors[name], self.tensors[name + "_scale_inv"]
+    mxfp4 = "model.layers.0.mlp.experts.down_proj"
+    blocks, scales = quantized_checkpoints.mxfp4_quantize(
+        np.ones((1, 64, 8), np.float32))
+    for tensors, found in (
+        ({name: q}, f"{name!r} (in "),
+        ({name + "_scale_inv": s}, "is an FP8 scale"),
+        ({mxfp4 + "_blocks": blocks, mxfp4 + "_scales": scales},
+         "holds MXFP4 blocks")):
+      with self.subTest(found):
+        path = self.create_tempdir().full_path
+        quantized_checkpoints.write_folder(path, tensors)
+        with self.assertRaisesRegex(quantized_weights.QuantizationError,
+                                    "config.json has no quantization_config"
+                                    ".*" + re.escape(found)):
+          quantized_weights.dequantized(safetensors_io.open_weights(path), {})
 
   def test_an_unquantized_checkpoint_is_left_as_it_is(self):
     path = self.create_tempdir().full_path

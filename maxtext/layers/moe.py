@@ -4,7 +4,8 @@ Routing (`route`): router logits [T, E] become scores, by softmax over the
 experts (Mixtral, Qwen 3 MoE) or per-expert sigmoid (DeepSeek-V3). A token
 picks its top-k experts by score (plus, with `router_bias`, a per-expert bias
 that only steers the choice; with expert groups, only among the experts of
-its best groups); its weights are the chosen scores, optionally divided by
+its best groups: a group scores the sum of its two best experts' scores,
+DeepSeek-V3, or its best one, DeepSeek-V2); its weights are the chosen scores, optionally divided by
 their sum, times `routed_scaling_factor`. GPT-OSS's router (a softmax over
 the top-k logits) is softmax scores renormalised over the chosen experts,
 with `router_logit_bias` adding a trained bias to the logits.
@@ -50,6 +51,9 @@ from maxtext.layers import moe_experts
 
 
 ROUTER_SCORES = ("softmax", "sigmoid")
+# A group's score in group-limited routing: the sum of its two best experts'
+# scores (DeepSeek-V3) or its best one's (DeepSeek-V2).
+GROUP_SCORES = ("top2_sum", "max")
 IMPLS = ("dropless", "capacity", "dense")
 
 
@@ -85,8 +89,11 @@ class MoeConfig:
     routed_scaling_factor: Multiplies the routed experts' weights.
     num_expert_groups: Experts are split into this many groups; a token
       chooses experts only within its best `expert_groups_per_token` groups
-      (a group's score: the sum of its two best scores). 1 is off.
+      (scored by `expert_group_score`). 1 is off.
     expert_groups_per_token: Groups each token may choose experts from.
+    expert_group_score: A group's score, of `GROUP_SCORES`: "top2_sum" (the
+      sum of its two best experts' scores, DeepSeek-V3) or "max" (its best
+      expert's, DeepSeek-V2).
     impl: "dropless" (tokens sorted by expert, grouped matmuls with
       `jax.lax.ragged_dot`), "capacity" (each expert takes at most
       `capacity_factor * tokens * num_experts_per_token / num_experts`
@@ -110,6 +117,7 @@ class MoeConfig:
       "routed_scaling_factor": "routed_scaling_factor",
       "num_expert_groups": "num_expert_groups",
       "expert_groups_per_token": "expert_groups_per_token",
+      "expert_group_score": "expert_group_score",
       "impl": "moe_impl", "capacity_factor": "capacity_factor",
       "load_balance_loss_weight": "load_balance_loss_weight",
       "router_z_loss_weight": "router_z_loss_weight",
@@ -129,6 +137,7 @@ class MoeConfig:
   routed_scaling_factor: float = 1.0
   num_expert_groups: int = 1
   expert_groups_per_token: int = 1
+  expert_group_score: str = "top2_sum"
   impl: str = "dropless"
   capacity_factor: float = 1.25
   load_balance_loss_weight: float = 0.0
@@ -153,7 +162,8 @@ class MoeConfig:
           fail("num_experts", f"must be positive when {self.KEYS[name]} is"
                " set")
       return
-    for name, valid in (("router_score", ROUTER_SCORES), ("impl", IMPLS)):
+    for name, valid in (("router_score", ROUTER_SCORES), ("impl", IMPLS),
+                        ("expert_group_score", GROUP_SCORES)):
       if getattr(self, name) not in valid:
         fail(name, f"valid values are {valid}")
     if self.mlp_dim < 1:
@@ -210,11 +220,15 @@ def route(logits_TE: jax.Array, cfg: MoeConfig,
   if groups > 1:
     tokens, experts = choice_TE.shape
     grouped = choice_TE.reshape(tokens, groups, experts // groups)
-    group_score = jax.lax.top_k(grouped, min(2, experts // groups))[0].sum(-1)
+    if cfg.expert_group_score == "max":
+      group_score = grouped.max(-1)
+    else:
+      group_score = jax.lax.top_k(grouped, min(2, experts // groups))[0].sum(
+          -1)
     _, best_groups = jax.lax.top_k(group_score, cfg.expert_groups_per_token)
     keep = jnp.zeros((tokens, groups), bool).at[
         jnp.arange(tokens)[:, None], best_groups].set(True)
-    # Experts of other groups score 0, as in DeepSeek-V3's reference code.
+    # Experts of other groups score 0, as in DeepSeek's reference code.
     choice_TE = jnp.where(keep[:, :, None], grouped, 0.0).reshape(
         tokens, experts)
   _, experts_TA = jax.lax.top_k(choice_TE, cfg.num_experts_per_token)

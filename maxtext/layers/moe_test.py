@@ -20,7 +20,8 @@ def _silu(x):
 
 
 def _numpy_route(logits, k, *, sigmoid=False, bias=None, groups=1,
-                 groups_per_token=1, normalize=True, scale=1.0):
+                 groups_per_token=1, group_score="top2_sum", normalize=True,
+                 scale=1.0):
   """Top-k routing, one token at a time."""
   weights, experts = [], []
   for row in logits.astype(np.float64):
@@ -31,8 +32,10 @@ def _numpy_route(logits, k, *, sigmoid=False, bias=None, groups=1,
     choice = scores + (0 if bias is None else bias)
     if groups > 1:
       per_group = choice.reshape(groups, -1)
-      group_score = np.sort(per_group, axis=1)[:, -2:].sum(1)
-      best = np.argsort(-group_score)[:groups_per_token]
+      best_two = np.sort(per_group, axis=1)[:, -2:]
+      score = (best_two[:, -1] if group_score == "max"
+               else best_two.sum(1))
+      best = np.argsort(-score)[:groups_per_token]
       mask = np.zeros_like(per_group)
       mask[best] = 1
       choice = (per_group * mask).reshape(-1)
@@ -116,6 +119,27 @@ class RouteTest(parameterized.TestCase):
     # The bias changes the choice but not the weights' source: the scores.
     unbiased = moe.route(jnp.asarray(logits), cfg)
     self.assertFalse(np.array_equal(unbiased.experts_TA, routing.experts_TA))
+
+
+  def test_softmax_groups_scored_by_their_best_expert(self):
+    """DeepSeek-V2's group-limited greedy routing: softmax scores, a group
+    scores its best expert, weights not normalised, then scaled."""
+    cfg = dataclasses.replace(
+        _CFG, num_experts=8, num_experts_per_token=3, num_expert_groups=4,
+        expert_groups_per_token=2, expert_group_score="max",
+        router_normalize=False, routed_scaling_factor=16.0)
+    logits = np.random.RandomState(2).normal(
+        scale=2.0, size=(32, 8)).astype(np.float32)
+    routing = moe.route(jnp.asarray(logits), cfg)
+    weights, experts = _numpy_route(logits, 3, groups=4, groups_per_token=2,
+                                    group_score="max", normalize=False,
+                                    scale=16.0)
+    np.testing.assert_array_equal(routing.experts_TA, experts)
+    np.testing.assert_allclose(routing.weights_TA, weights, rtol=1e-5)
+    # Some token picks other experts when a group scores its best two.
+    top2 = moe.route(jnp.asarray(logits), dataclasses.replace(
+        cfg, expert_group_score="top2_sum"))
+    self.assertFalse(np.array_equal(top2.experts_TA, routing.experts_TA))
 
 
 class LossesTest(absltest.TestCase):
@@ -273,6 +297,8 @@ class MoEConfigTest(absltest.TestCase):
     for changes, field in ((dict(num_experts_per_token=5), "num_experts_per"),
                            (dict(num_expert_groups=3), "num_expert_groups"),
                            (dict(impl="sparse"), "moe_impl"),
+                           (dict(expert_group_score="sum"),
+                            "expert_group_score.*top2_sum"),
                            (dict(mlp_dim=0), "moe_mlp_dim"),
                            (dict(router_bias_update_rate=0.001),
                             "router_bias_update_rate.*router_bias=True"),

@@ -86,6 +86,42 @@ ARCHITECTURE = {"mlp_activation": "silu", "attention_type": "mla",
                 "router_score": "sigmoid", "router_bias": True}
 
 
+def mla_moe_fields(hf: Mapping[str, Any], name: str) -> dict[str, Any]:
+  """The `ModelConfig` fields that DeepSeek-V2 and V3 configs state alike:
+  sizes, rotary, multi-head latent attention and the experts. `name` (e.g.
+  "DeepSeek-V3") names the family in errors.
+
+  Raises:
+    ValueError: an unsupported activation, attention bias, or
+      num_key_value_heads != num_attention_heads.
+  """
+  if hf["hidden_act"] != "silu":
+    raise ValueError(f"Unsupported {name} hidden_act {hf['hidden_act']!r};"
+                     " supported: 'silu'.")
+  if hf.get("attention_bias"):
+    raise ValueError(f"{name} attention_bias=True is not supported.")
+  fields = hf_params.decoder_fields(hf, tie_embeddings_default=False)
+  if fields["num_kv_heads"] != fields["num_heads"]:
+    raise ValueError(
+        f"{name} num_key_value_heads={fields['num_kv_heads']} must "
+        f"equal num_attention_heads={fields['num_heads']} (MLA).")
+  fields["head_dim"] = hf["qk_rope_head_dim"]
+  return dict(
+      fields,
+      q_lora_rank=hf.get("q_lora_rank") or 0,
+      kv_lora_rank=hf["kv_lora_rank"],
+      qk_nope_head_dim=hf["qk_nope_head_dim"],
+      v_head_dim=hf["v_head_dim"],
+      num_experts=hf["n_routed_experts"],
+      num_experts_per_token=hf["num_experts_per_tok"],
+      moe_mlp_dim=hf["moe_intermediate_size"],
+      num_shared_experts=hf["n_shared_experts"] or 0,
+      first_dense_layers=hf["first_k_dense_replace"],
+      router_normalize=bool(hf["norm_topk_prob"]),
+      routed_scaling_factor=float(hf["routed_scaling_factor"]),
+      load_balance_loss_weight=float(hf.get("aux_loss_alpha") or 0.0))
+
+
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
   """`ModelConfig` of a Hugging Face DeepSeek-V3 config.
 
@@ -105,53 +141,32 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       num_key_value_heads != num_attention_heads.
   """
   hf = hf_config
-  if hf["hidden_act"] != "silu":
-    raise ValueError(f"Unsupported DeepSeek-V3 hidden_act "
-                     f"{hf['hidden_act']!r}; supported: 'silu'.")
-  if hf.get("attention_bias"):
-    raise ValueError("DeepSeek-V3 attention_bias=True is not supported.")
   for key, supported in (("scoring_func", "sigmoid"),
                          ("topk_method", "noaux_tc")):
     if hf.get(key, supported) != supported:
       raise ValueError(f"Unsupported DeepSeek-V3 {key}={hf[key]!r}; "
                        f"supported: {supported!r}.")
-  fields = hf_params.decoder_fields(hf, tie_embeddings_default=False)
-  if fields["num_kv_heads"] != fields["num_heads"]:
-    raise ValueError(
-        f"DeepSeek-V3 num_key_value_heads={fields['num_kv_heads']} must "
-        f"equal num_attention_heads={fields['num_heads']} (MLA).")
-  fields["head_dim"] = hf["qk_rope_head_dim"]
   return ModelConfig.from_dict(dict(
       family="deepseek3",
       **ARCHITECTURE,
-      q_lora_rank=hf.get("q_lora_rank") or 0,
-      kv_lora_rank=hf["kv_lora_rank"],
-      qk_nope_head_dim=hf["qk_nope_head_dim"],
-      v_head_dim=hf["v_head_dim"],
+      **mla_moe_fields(hf, "DeepSeek-V3"),
       rope_interleave=bool(hf.get("rope_interleave", True)),
-      num_experts=hf["n_routed_experts"],
-      num_experts_per_token=hf["num_experts_per_tok"],
-      moe_mlp_dim=hf["moe_intermediate_size"],
-      num_shared_experts=hf["n_shared_experts"] or 0,
-      first_dense_layers=hf["first_k_dense_replace"],
-      router_normalize=bool(hf["norm_topk_prob"]),
-      routed_scaling_factor=float(hf["routed_scaling_factor"]),
       num_expert_groups=hf["n_group"] or 1,
       expert_groups_per_token=hf["topk_group"] or 1,
       mtp_layers=hf.get("num_nextn_predict_layers") or 0,
-      load_balance_loss_weight=float(hf.get("aux_loss_alpha") or 0.0),
       router_bias_update_rate=float(hf.get("router_bias_update_rate") or 0.0),
       mtp_loss_weight=float(hf.get("mtp_loss_weight") or 0.0),
-      **fields,
   ))
 
 
-def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
-  """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`)."""
-  config = hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
-                                       architecture=HF_ARCHITECTURE)
+def mla_moe_hf_config(cfg: ModelConfig, *, model_type: str,
+                      architecture: str) -> dict[str, Any]:
+  """The `config.json` keys that DeepSeek-V2 and V3 state alike (the
+  inverse of `mla_moe_fields`)."""
+  config = hf_params.decoder_hf_config(cfg, model_type=model_type,
+                                       architecture=architecture)
   del config["head_dim"]  # transformers derives it (qk_rope_head_dim).
-  if cfg.rope.scaling == "yarn":  # DeepSeek-V3: 4096 * 40 = 163840.
+  if cfg.rope.scaling == "yarn":  # DeepSeek-V2 and V3: 4096 * 40 = 163840.
     config["max_position_embeddings"] = int(
         cfg.rope.original_max_length * cfg.rope.scaling_factor)
   return dict(
@@ -160,7 +175,7 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
       kv_lora_rank=cfg.mla.kv_lora_rank,
       qk_nope_head_dim=cfg.mla.qk_nope_head_dim,
       qk_rope_head_dim=cfg.attention.head_dim,
-      v_head_dim=cfg.mla.v_head_dim, rope_interleave=cfg.mla.rope_interleave,
+      v_head_dim=cfg.mla.v_head_dim,
       n_routed_experts=cfg.moe.num_experts,
       num_experts_per_tok=cfg.moe.num_experts_per_token,
       moe_intermediate_size=cfg.moe.mlp_dim,
@@ -170,8 +185,16 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
       routed_scaling_factor=cfg.moe.routed_scaling_factor,
       n_group=cfg.moe.num_expert_groups,
       topk_group=cfg.moe.expert_groups_per_token,
+      aux_loss_alpha=cfg.moe.load_balance_loss_weight)
+
+
+def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
+  """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`)."""
+  return dict(
+      mla_moe_hf_config(cfg, model_type=HF_MODEL_TYPE,
+                        architecture=HF_ARCHITECTURE),
+      rope_interleave=cfg.mla.rope_interleave,
       scoring_func="sigmoid", topk_method="noaux_tc",
       num_nextn_predict_layers=cfg.mtp.layers,
-      aux_loss_alpha=cfg.moe.load_balance_loss_weight,
       router_bias_update_rate=cfg.moe.router_bias_update_rate,
       mtp_loss_weight=cfg.mtp.loss_weight)

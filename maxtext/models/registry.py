@@ -19,6 +19,7 @@ import types
 from flax import nnx
 
 from maxtext.common.model_config import ModelConfig
+from maxtext.models import deepseek2
 from maxtext.models import deepseek3
 from maxtext.models import execution as execution_lib
 from maxtext.models import gemma
@@ -35,6 +36,7 @@ from maxtext.models import qwen3
 from maxtext.models import qwen3_moe
 
 FAMILIES: dict[str, types.ModuleType] = {
+    "deepseek2": deepseek2,
     "deepseek3": deepseek3,
     "gemma": gemma,
     "gemma2": gemma2,
@@ -53,6 +55,7 @@ FAMILIES: dict[str, types.ModuleType] = {
 # Hugging Face `config.json` model_type -> family. Llama 2 checkpoints have
 # Llama's model_type and load as llama3 (the same model code and layout).
 HF_MODEL_TYPES: dict[str, str] = {
+    "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek3",
     "gemma": "gemma",
     "gemma2": "gemma2",

@@ -286,6 +286,11 @@ class ExpertParallelismTest(parameterized.TestCase):
        dict(moe_impl="dropless", num_experts=8)),
       ("capacity_with_drops_fsdp2_expert4", {"fsdp": 2, "expert": 4},
        dict(moe_impl="capacity", capacity_factor=0.5)),
+      # DeepSeek-V2: softmax routing within groups scored by their best
+      # expert, shared experts, a dense first layer.
+      ("deepseek2_dropless_expert8", {"expert": 8},
+       dict(family="deepseek2", moe_impl="dropless", num_experts=8,
+            num_experts_per_token=2)),
   )
   def test_expert_sharded_equals_single_device(self, ici, model_changes):
     single = _state({"data": 1}, jax.devices()[:1], **model_changes)

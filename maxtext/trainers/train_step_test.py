@@ -188,8 +188,9 @@ class TrainStepTest(parameterized.TestCase):
     self.assertEqual(int(state.step), 8)  # The data moved on.
 
   # Gemma 3, and a tiny model of each family added since (their own
-  # layers: OLMo 3's post-norms only and q/k norms over the projection).
-  @parameterized.parameters(None, "olmo3")
+  # layers: OLMo 3's post-norms only and q/k norms over the projection,
+  # DeepSeek-V2's routing).
+  @parameterized.parameters(None, "olmo3", "deepseek2")
   def test_loss_falls_on_a_repeated_batch(self, family):
     state = _state(model_config=family and tiny_configs.tiny_model_config(
         family, window=4))
