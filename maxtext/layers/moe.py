@@ -5,8 +5,8 @@ experts (Mixtral, Qwen 3 MoE) or per-expert sigmoid (DeepSeek-V3). A token
 picks its top-k experts by score (plus, with `router_bias`, a per-expert bias
 that only steers the choice; with expert groups, only among the experts of
 its best groups: a group scores the sum of its two best experts' scores,
-DeepSeek-V3, or its best one, DeepSeek-V2); its weights are the chosen scores, optionally divided by
-their sum, times `routed_scaling_factor`. GPT-OSS's router (a softmax over
+DeepSeek-V3, or its best one, DeepSeek-V2); its weights are the chosen
+scores, optionally divided by their sum, times `routed_scaling_factor`. GPT-OSS's router (a softmax over
 the top-k logits) is softmax scores renormalised over the chosen experts,
 with `router_logit_bias` adding a trained bias to the logits.
 
@@ -220,11 +220,8 @@ def route(logits_TE: jax.Array, cfg: MoeConfig,
   if groups > 1:
     tokens, experts = choice_TE.shape
     grouped = choice_TE.reshape(tokens, groups, experts // groups)
-    if cfg.expert_group_score == "max":
-      group_score = grouped.max(-1)
-    else:
-      group_score = jax.lax.top_k(grouped, min(2, experts // groups))[0].sum(
-          -1)
+    best = 1 if cfg.expert_group_score == "max" else min(2, experts // groups)
+    group_score = jax.lax.top_k(grouped, best)[0].sum(-1)
     _, best_groups = jax.lax.top_k(group_score, cfg.expert_groups_per_token)
     keep = jnp.zeros((tokens, groups), bool).at[
         jnp.arange(tokens)[:, None], best_groups].set(True)
