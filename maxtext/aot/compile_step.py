@@ -11,7 +11,7 @@ optimizer, abstract sharded state and batch layout as `train`
               arguments + outputs - aliased + temporaries + code, against
               the device's memory;
   FLOPs       XLA's cost analysis (for scanned layers extrapolated from
-              1 and 2 unrolled layers: `xla_costs`) next to ours
+              two shorter unrolled models: `xla_costs`) next to ours
               (`maxtext.metrics.flops`, divided over the devices);
   step time   XLA's estimate (`optimal_seconds`) where the backend gives
               one, else the roofline max(FLOPs / peak, bytes / bandwidth)
@@ -31,6 +31,7 @@ import time
 import jax
 
 from maxtext.aot import topology as topology_lib
+from maxtext.common import layer_pattern
 from maxtext.common.model_config import ModelConfig
 from maxtext.metrics import flops
 from maxtext.sharding import mesh as mesh_lib
@@ -192,14 +193,53 @@ def xla_costs_of(compiled: jax.stages.Compiled
   return _costs(compiled), "XLA cost analysis"
 
 
+def _unrolled_depths(model: ModelConfig) -> tuple[int, int, int] | None:
+  """(n1, n2, repeats): XLA's cost of `model` is cost(n1) + repeats *
+  (cost(n2) - cost(n1)), with cost(n) that of its first n layers unrolled;
+  None when no two shorter prefixes give it.
+
+  Past a first stretch of `start` layers (DeepSeek's dense layers) the layer
+  pattern repeats with some period p (Gemma 3: 6, one local kind and one
+  global; Llama 4: dense and expert layers alternating). A model of n layers
+  has the first n layers of the full one, so cost(n1 + p) - cost(n1) is one
+  period's cost when n1 >= start; n1 is the shortest valid depth that leaves
+  whole periods to the end.
+  """
+  full = layer_pattern.layers(model)
+  count = len(full)
+
+  def start_of(period):  # First layer from which `full` repeats by period.
+    start = count - period
+    while start > 0 and full[start - 1] == full[start - 1 + period]:
+      start -= 1
+    return max(start, 0)
+
+  start, period = min(((start_of(p), p) for p in range(1, count)),
+                      key=lambda sp: sp[0] + 2 * sp[1], default=(0, count))
+  n1 = start + (count - start) % period
+  while n1 < count:
+    try:
+      short = dataclasses.replace(model, num_layers=n1)
+    except ValueError:  # E.g. no layer past the first dense ones.
+      n1 += period
+      continue
+    if layer_pattern.layers(short) != full[:n1]:
+      return None
+    break
+  if n1 + period > count:
+    return None
+  return n1, n1 + period, (count - n1) // period
+
+
 def xla_costs(step: CompiledStep,
               experiment: ExperimentConfig) -> tuple[dict[str, float], str]:
   """XLA's per-device FLOPs, bytes accessed and time of one step.
 
   XLA's cost analysis counts the body of a loop once, so with scanned
-  layers it sees one layer. The cost of L layers is then extrapolated from
-  programs of 1 and 2 unrolled layers (otherwise the same, on the same
-  devices): cost(1) + (L - 1) * (cost(2) - cost(1)).
+  layers it sees one group of layers. The cost of all layers is then
+  extrapolated from two programs of fewer unrolled layers (otherwise the
+  same, on the same devices) that differ by one period of the layer pattern
+  (`_unrolled_depths`): 1 and 2 layers for a model of one layer kind.
 
   Returns:
     (costs by `_COST_KEYS`, how they were found).
@@ -207,26 +247,29 @@ def xla_costs(step: CompiledStep,
   model = experiment.model
   if not model.scan_layers or model.num_layers == 1:
     return xla_costs_of(step.compiled)
-  if experiment.pipeline.stages > 1:
+  depths = _unrolled_depths(model)
+  if experiment.pipeline.stages > 1 or depths is None:
     return (_costs(step.compiled),
             "XLA cost analysis, which counts the scanned layers once")
+  n1, n2, repeats = depths
   one, two = (
       _costs(compile_train_step(dataclasses.replace(
           experiment, model=dataclasses.replace(
               model, num_layers=layers, scan_layers=False)),
                                 step.hardware).compiled)
-      for layers in (1, 2))
-  costs = {key: one[key] + (model.num_layers - 1) * (two[key] - one[key])
+      for layers in (n1, n2))
+  costs = {key: one[key] + repeats * (two[key] - one[key])
            for key in _COST_KEYS}
   if min(one["optimal_seconds"], two["optimal_seconds"]) <= 0:
     costs["optimal_seconds"] = 0.0  # Unknown.
-  return costs, "XLA cost analysis of 1 and 2 unrolled layers, extrapolated"
+  return costs, (f"XLA cost analysis of {n1} and {n2} unrolled layers, "
+                 "extrapolated")
 
 
 def analyse(step: CompiledStep, experiment: ExperimentConfig) -> StepReport:
   """Memory, FLOPs, estimated time and collectives of `step`, per device.
 
-  With scanned layers this compiles two small unrolled variants for the
+  With scanned layers this compiles two shorter unrolled variants for the
   FLOPs and time (see `xla_costs`).
   """
   return report(step, experiment.model, experiment.train.batch_size,

@@ -133,6 +133,26 @@ class CpuCompileTest(absltest.TestCase):
     jax.tree.map(np.testing.assert_array_equal,
                  got_state.checkpoint_tree(), want_state.checkpoint_tree())
 
+  def test_mixed_layer_costs_extrapolate_to_the_unrolled_model(self):
+    # A dense first layer, then expert layers alternating local and global
+    # attention: the pattern repeats every 2 layers after the first, so
+    # 6 layers cost cost(2) + 2 * (cost(4) - cost(2)).
+    experiment = tiny_experiment.tiny_experiment(
+        num_layers=6, num_experts=4, num_experts_per_token=2, moe_mlp_dim=32,
+        first_dense_layers=1, sliding_window=8, global_layer_interval=2)
+    step, report = aot_testing.compile_for(experiment, "cpu:8")
+    self.assertEqual(
+        report.cost_source,
+        "XLA cost analysis of 2 and 4 unrolled layers, extrapolated")
+    unrolled = compile_step.compile_train_step(
+        dataclasses.replace(
+            experiment, model=experiment.model.replace(scan_layers=False)),
+        step.hardware).compiled.cost_analysis()
+    self.assertAlmostEqual(report.xla_flops / unrolled["flops"], 1.0,
+                           places=4)
+    self.assertAlmostEqual(report.bytes_accessed / unrolled["bytes accessed"],
+                           1.0, places=2)
+
   def test_check_fits_names_the_shortfall(self):
     _, report = aot_testing.compile_for(
         tiny_experiment.tiny_experiment(num_layers=1), "cpu:8")
