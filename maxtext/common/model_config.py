@@ -173,7 +173,7 @@ class ModelConfig:
       TypeError: a key is unknown (the error lists the valid ones) or a
         required one is missing.
       ValueError: a key moved out of the model (`MOVED_KEYS`), or a value
-        is invalid (named by its key).
+        is invalid (named by its key), a NaN or infinite float included.
     """
     if hasattr(values, "to_dict"):
       values = values.to_dict()
@@ -183,6 +183,7 @@ class ModelConfig:
     if unknown:
       raise TypeError(
           f"Unknown ModelConfig field(s) {unknown}; valid fields: {valid}.")
+    sections.check_finite("model", values)
     part_keys = {key for part in PARTS.values() for key in part.KEYS.values()}
     top = {key: value for key, value in values.items()
            if key not in part_keys}

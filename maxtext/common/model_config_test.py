@@ -22,6 +22,16 @@ class ModelConfigTest(parameterized.TestCase):
     with self.assertRaisesRegex(TypeError, r"\['num_head'\].*num_heads"):
       ModelConfig.from_dict({**_VALID, "num_head": 4})
 
+  @parameterized.parameters(("norm_eps", float("nan")),
+                            ("rope_theta", float("inf")),
+                            ("final_logit_softcap", float("-inf")))
+  def test_a_nan_or_infinite_value_is_named(self, key, value):
+    # A Hugging Face config.json may hold NaN or Infinity (Python's json
+    # reads them); the ranges below would let NaN through.
+    with self.assertRaisesRegex(
+        ValueError, rf"^model\.{key}={value!r} must be a finite number\.$"):
+      ModelConfig.from_dict({**_VALID, key: value})
+
   @parameterized.parameters(*model_config.MOVED_KEYS.items())
   def test_a_moved_key_names_where_it_went(self, old, new):
     with self.assertRaisesRegex(

@@ -82,9 +82,26 @@ def _type_error(key: str, value: Any, annotation: Any) -> str | None:
                         for t in allowed)
     return (f"{key}={value!r} is a {type(value).__name__}; it must be a"
             f" {names}.")
+  return _finite_error(key, value)
+
+
+def _finite_error(key: str, value: Any) -> str | None:
+  """Why `value` is not a finite float, or None if it is or is no float."""
   if isinstance(value, float) and not math.isfinite(value):
     return f"{key}={value!r} must be a finite number."
   return None
+
+
+def check_finite(name: str, values: Mapping[str, Any]) -> None:
+  """No float of `values` (keys of section `name`) is NaN or infinite.
+
+  Raises:
+    ValueError: naming the first such key and its value.
+  """
+  for key, value in values.items():
+    error = _finite_error(f"{name}.{key}", value)
+    if error:
+      raise ValueError(error)
 
 
 def check_moved(name: str, cls: type[Any], keys: Iterable[str]) -> None:
