@@ -212,7 +212,7 @@ def _unrolled_depths(model: ModelConfig) -> tuple[int, int, int] | None:
     start = count - period
     while start > 0 and full[start - 1] == full[start - 1 + period]:
       start -= 1
-    return max(start, 0)
+    return start
 
   start, period = min(((start_of(p), p) for p in range(1, count)),
                       key=lambda sp: sp[0] + 2 * sp[1], default=(0, count))
