@@ -58,13 +58,22 @@ def model_defaults() -> ml_collections.ConfigDict:
       rope_yarn_truncate=True,
       rope_yarn_mscale=0.0,
       rope_yarn_mscale_all_dim=0.0,
+      rope_interleaved=False,  # Pairs (2i, 2i + 1) rotate (Llama 4).
+      rope_global_nope=False,  # Global layers without rotary (Llama 4).
       sliding_window=0,
+      # Local layers attend within chunks of positions (Llama 4); 0: off.
+      attention_chunk_size=0,
       global_layer_interval=1,
       global_head_dim=0,  # A global layer's own head size (0: head_dim).
       global_num_kv_heads=0,  # Its own kv heads (0: num_kv_heads).
       # None: queries are scaled by head_dim**-0.5.
       query_pre_attn_scalar=ml_collections.FieldReference(None, float),
       attn_logit_softcap=0.0,
+      # Llama 4: weightless q/k RMS norm after rotary; the queries of layers
+      # without rotary scaled up with the position (0: off).
+      qk_l2_norm=False,
+      attn_temperature_scale=0.0,
+      attn_temperature_floor_scale=8192,
       final_logit_softcap=0.0,
       mlp_activation="silu",
       # Mixture of experts (maxtext.layers.moe); num_experts=0: dense MLPs.
@@ -84,6 +93,8 @@ def model_defaults() -> ml_collections.ConfigDict:
       expert_bias=False,  # Biases on the experts' projections (GPT-OSS).
       expert_gate_up_fused=False,  # One gate_up parameter (GPT-OSS).
       routed_scaling_factor=1.0,
+      # The routing weights scale the experts' inputs (Llama 4).
+      router_weights_on_input=False,
       num_expert_groups=1,  # Group-limited routing (DeepSeek); 1: off.
       expert_groups_per_token=1,
       # A group's score: "top2_sum" (DeepSeek-V3) or "max" (DeepSeek-V2).

@@ -3,9 +3,11 @@
 A layer kind is what a layer's parameters are: its block (attention with its
 sizes, then a dense MLP or routed experts). Each kind has its own parameter
 stack, the `Decoder` attribute named after the kind. A layer is its kind and
-its attention window, which changes what the layer computes but not its
-parameters: Gemma 2/3's local and global layers are one kind with two
-windows, DeepSeek's dense first layers another kind than its expert layers.
+its attention span (a sliding window, an attention chunk or neither), which
+changes what the layer computes but not its parameters: Gemma 2/3's local
+and global layers are one kind with two windows, Llama 4's chunked and NoPE
+layers one kind, DeepSeek's dense first layers another kind than its expert
+layers.
 
 Kinds, by what a `ModelConfig` sets:
   "blocks": attention and the model's feed-forward: routed experts with
@@ -42,10 +44,14 @@ class PatternConfig:
 
   Attributes (their `model` section keys in `KEYS`):
     sliding_window: Keys a local layer's query sees, itself included; 0:
-      every layer is global.
-    global_layer_interval: With a sliding window, layer `i` (0-based) is
-      global when `(i + 1) % global_layer_interval == 0` and local
-      otherwise; 0: every layer is local.
+      no sliding window.
+    attention_chunk_size: A local layer's query sees only the keys of its
+      own chunk of this many positions (positions p with equal
+      p // attention_chunk_size; Llama 4), instead of a sliding window; 0:
+      no chunks. Without either, every layer is global.
+    global_layer_interval: With a sliding window or chunks, layer `i`
+      (0-based) is global when `(i + 1) % global_layer_interval == 0` and
+      local otherwise; 0: every layer is local.
     first_dense_layers: In a model with experts, the first this-many layers
       have a dense MLP instead (DeepSeek's first_k_dense_replace).
     moe_layer_interval: After those, layer `i` has experts when
@@ -55,12 +61,14 @@ class PatternConfig:
 
   KEYS: ClassVar[dict[str, str]] = {
       "sliding_window": "sliding_window",
+      "attention_chunk_size": "attention_chunk_size",
       "global_layer_interval": "global_layer_interval",
       "first_dense_layers": "first_dense_layers",
       "moe_layer_interval": "moe_layer_interval",
   }
 
   sliding_window: int = 0
+  attention_chunk_size: int = 0
   global_layer_interval: int = 1
   first_dense_layers: int = 0
   moe_layer_interval: int = 1
@@ -69,8 +77,8 @@ class PatternConfig:
     def fail(field, valid):
       sections.fail_part(self, field, valid)
 
-    for name in ("sliding_window", "global_layer_interval",
-                 "first_dense_layers"):
+    for name in ("sliding_window", "attention_chunk_size",
+                 "global_layer_interval", "first_dense_layers"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         fail(name, "must be an integer >= 0 (0 turns it off)")
@@ -78,23 +86,38 @@ class PatternConfig:
     if isinstance(interval, bool) or not isinstance(interval, int) or (
         interval < 1):
       fail("moe_layer_interval", "must be a positive integer")
-    if self.sliding_window == 0 and self.global_layer_interval != 1:
+    if self.sliding_window and self.attention_chunk_size:
+      fail("attention_chunk_size",
+           f"local layers have a sliding window ({self.sliding_window}) or "
+           "chunks, not both; set one of them to 0")
+    span = ("sliding_window" if self.sliding_window else
+            "attention_chunk_size" if self.attention_chunk_size else None)
+    if span is None and self.global_layer_interval != 1:
+      fail("global_layer_interval", "must be 1 when sliding_window=0 and "
+           "attention_chunk_size=0 (every layer is global)")
+    if span is not None and self.global_layer_interval == 1:
       fail("global_layer_interval",
-           "must be 1 when sliding_window=0 (every layer is global)")
-    if self.sliding_window > 0 and self.global_layer_interval == 1:
-      fail("global_layer_interval",
-           f"1 makes every layer global, so sliding_window="
-           f"{self.sliding_window} is unused; use 0 for all-local layers or "
-           "set sliding_window=0")
+           f"1 makes every layer global, so {span}={getattr(self, span)} is"
+           f" unused; use 0 for all-local layers or set {span}=0")
+
+  def _local(self, num_layers: int) -> tuple[bool, ...]:
+    """Whether each layer is local (a sliding window or chunks)."""
+    if not (self.sliding_window or self.attention_chunk_size):
+      return (False,) * num_layers
+    interval = self.global_layer_interval
+    return tuple(not (interval and (i + 1) % interval == 0)
+                 for i in range(num_layers))
 
   def windows(self, num_layers: int) -> tuple[int | None, ...]:
-    """Sliding window of each layer; None for a global layer."""
-    if self.sliding_window == 0:
-      return (None,) * num_layers
-    interval = self.global_layer_interval
-    return tuple(
-        None if interval and (i + 1) % interval == 0 else self.sliding_window
-        for i in range(num_layers))
+    """Sliding window of each layer; None for a layer without one."""
+    return tuple(self.sliding_window if local and self.sliding_window
+                 else None for local in self._local(num_layers))
+
+  def chunks(self, num_layers: int) -> tuple[int | None, ...]:
+    """Attention chunk of each layer; None for a layer without chunks."""
+    return tuple(self.attention_chunk_size
+                 if local and self.attention_chunk_size else None
+                 for local in self._local(num_layers))
 
   def moe_layer(self, layer: int, num_experts: int) -> bool:
     """Whether layer `layer` (0-based) of a model with `num_experts` routed
@@ -126,9 +149,15 @@ class LayerKind:
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
-  """One decoder layer: its kind and its sliding window (None: global)."""
+  """One decoder layer: its kind, its sliding window and its attention
+  chunk (None: none; a layer with neither is global)."""
   kind: LayerKind
   window: int | None
+  chunk: int | None = None
+
+  @property
+  def is_global(self) -> bool:
+    return self.window is None and self.chunk is None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,12 +173,13 @@ def layers(cfg: "ModelConfig") -> tuple[Layer, ...]:
   """Every layer of `cfg`, in order."""
   global_sizes = cfg.attention.global_sizes_key() is not None
   result = []
-  for index, window in enumerate(cfg.layer_windows()):
+  for index, (window, chunk) in enumerate(zip(
+      cfg.layer_windows(), cfg.pattern.chunks(cfg.num_layers))):
     experts = cfg.moe_layer(index)
-    sized = global_sizes and window is None
+    sized = global_sizes and window is None and chunk is None
     name = ("global_" if sized else "") + (
         "dense_" if cfg.moe.num_experts and not experts else "") + "blocks"
-    result.append(Layer(LayerKind(name, experts, sized), window))
+    result.append(Layer(LayerKind(name, experts, sized), window, chunk))
   return tuple(result)
 
 

@@ -66,6 +66,21 @@ class LayerPatternTest(absltest.TestCase):
     self.assertEqual([layer.window for layer in gemma3],
                      ([3] * 4 + [None]) * 2)
 
+  def test_chunked_and_global_layers_are_one_kind(self):
+    """Llama 4: three chunked layers, then a global one, all one kind;
+    the chunk and the window are each layer's own."""
+    layers = layer_pattern.layers(_cfg(attention_chunk_size=4,
+                                       global_layer_interval=4))
+    self.assertLen({layer.kind for layer in layers}, 1)
+    self.assertEqual([layer.chunk for layer in layers],
+                     ([4] * 3 + [None]) * 2 + [4] * 2)
+    self.assertEqual({layer.window for layer in layers}, {None})
+    self.assertEqual([layer.is_global for layer in layers],
+                     ([False] * 3 + [True]) * 2 + [False] * 2)
+    every = layer_pattern.layers(_cfg(attention_chunk_size=4,
+                                      global_layer_interval=0))
+    self.assertEqual({layer.chunk for layer in every}, {4})
+
   def test_a_kind_reads_its_own_sizes(self):
     cfg = _mixed()
     kinds = {kind.name: kind for kind in layer_pattern.kinds(cfg)}
@@ -134,6 +149,17 @@ class LayerPatternTest(absltest.TestCase):
       _cfg(sliding_window=3, global_layer_interval=2, global_num_kv_heads=3)
     with self.assertRaisesRegex(ValueError, "global_head_dim=-1"):
       _cfg(global_head_dim=-1)
+    with self.assertRaisesRegex(ValueError, "attention_chunk_size=4.*not "
+                                "both"):
+      _cfg(sliding_window=3, attention_chunk_size=4, global_layer_interval=2)
+    with self.assertRaisesRegex(ValueError, "global_layer_interval=1.*"
+                                "attention_chunk_size=4 is unused"):
+      _cfg(attention_chunk_size=4)
+    with self.assertRaisesRegex(ValueError, "attention_chunk_size=-2"):
+      _cfg(attention_chunk_size=-2)
+    with self.assertRaisesRegex(ValueError, "attn_temperature_scale=0.1.*"
+                                "rope_global_nope=True"):
+      _cfg(attn_temperature_scale=0.1)
 
 
 if __name__ == "__main__":

@@ -42,12 +42,21 @@ def check_global_sizes(self) -> None:
   if name is None:
     return
   pattern = self.pattern
-  if pattern.sliding_window == 0 or pattern.global_layer_interval == 0:
+  local = pattern.sliding_window or pattern.attention_chunk_size
+  if not local or pattern.global_layer_interval == 0:
     fail(name, getattr(self.attention, name),
          "sets the global layers' attention apart from the local ones', "
-         "but every layer is "
-         + ("global" if pattern.sliding_window == 0 else "local")
+         "but every layer is " + ("local" if local else "global")
          + "; set head_dim and num_kv_heads instead, or use 0")
+
+
+def check_nope(self) -> None:
+  """Temperature tuning serves the layers without rotary only."""
+  attention = self.attention
+  if attention.temperature_scale and not self.rope.global_nope:
+    fail("attn_temperature_scale", attention.temperature_scale,
+         "tunes the queries of layers without rotary, and there are none;"
+         " set rope_global_nope=True or use 0")
 
 
 def check_mla(self) -> None:
@@ -62,8 +71,13 @@ def check_mla(self) -> None:
     fail("num_kv_heads", attention.num_kv_heads,
          f"must equal num_heads={attention.num_heads} with attention_type="
          '"mla" (every head has its own keys and values)')
-  for name, value in (("qk_norm", attention.qk_norm),
-                      ("qkv_bias", attention.qkv_bias),
-                      ("sliding_window", self.pattern.sliding_window)):
+  for name, value in (
+      ("qk_norm", attention.qk_norm), ("qkv_bias", attention.qkv_bias),
+      ("qk_l2_norm", attention.qk_l2_norm),
+      ("attn_temperature_scale", attention.temperature_scale),
+      ("rope_global_nope", self.rope.global_nope),
+      ("rope_interleaved", self.rope.interleaved),
+      ("sliding_window", self.pattern.sliding_window),
+      ("attention_chunk_size", self.pattern.attention_chunk_size)):
     if value:
       fail(name, value, 'is not supported with attention_type="mla"')

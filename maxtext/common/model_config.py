@@ -235,6 +235,7 @@ class ModelConfig:
             "may be False only with post_norms=True (a block needs norms)")
     model_checks.check_expert_layers(self)
     model_checks.check_global_sizes(self)
+    model_checks.check_nope(self)
     model_checks.check_mla(self)
 
   def moe_layer(self, layer: int) -> bool:

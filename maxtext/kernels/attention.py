@@ -44,15 +44,34 @@ def positions_mask(
     q_positions_BL: jax.Array,
     kv_length: int,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> jax.Array:
   """Boolean mask [B, L, S] of queries at `q_positions_BL` over a KV cache
-  whose slot j holds the key at position j: causal, within the window."""
+  whose slot j holds the key at position j: causal, within the window and
+  within the query's chunk of positions (`chunk_segment_ids`)."""
   q_BL1 = q_positions_BL[:, :, None]
   j_11S = jnp.arange(kv_length)[None, None, :]
   mask_BLS = j_11S <= q_BL1
   if window is not None:
     mask_BLS &= q_BL1 - j_11S < window
+  if chunk is not None:
+    mask_BLS &= q_BL1 // chunk == j_11S // chunk
   return mask_BLS
+
+
+def chunk_segment_ids(positions_BL: jax.Array, chunk: int,
+                      segment_ids_BL: jax.Array | None = None) -> jax.Array:
+  """Segment ids [B, L] that make causal attention chunked: a token sees only
+  the earlier tokens of its segment whose positions p share its p // chunk
+  (Llama 4's chunked attention). Every kernel then runs it as packed
+  sequences: each (segment, chunk) run of a row gets its own id."""
+  key_BL = positions_BL // chunk
+  new_BL = key_BL[:, 1:] != key_BL[:, :-1]
+  if segment_ids_BL is not None:
+    new_BL |= segment_ids_BL[:, 1:] != segment_ids_BL[:, :-1]
+  starts_BL = jnp.concatenate(
+      [jnp.ones_like(new_BL[:, :1]), new_BL], axis=1)
+  return jnp.cumsum(starts_BL.astype(jnp.int32), axis=1)
 
 
 def _check_mask_args(mask_BLS, window, segment_ids_BL):

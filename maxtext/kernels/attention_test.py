@@ -155,6 +155,32 @@ class PositionsMaskTest(parameterized.TestCase):
         kernel(q, k, v, scale=0.3, mask_BLS=mask),
         kernel(q, k, v, scale=0.3, window=window), rtol=0, atol=1e-6)
 
+  @parameterized.parameters("reference", "xla")
+  def test_chunks_as_segment_ids_equal_the_chunked_positions_mask(self,
+                                                                  impl):
+    """Chunked attention (Llama 4) run as packed segments equals the mask
+    of positions in one chunk; with packed documents each restarts its
+    chunks at its own position 0."""
+    q, k, v = kernel_testing.inputs(_B, _L, 4, 2, _K)
+    length = q.shape[1]
+    positions = np.broadcast_to(np.arange(length), q.shape[:2])
+    kernel = attention.IMPLEMENTATIONS[impl]
+    chunked = attention.chunk_segment_ids(positions, 3)
+    np.testing.assert_allclose(
+        kernel(q, k, v, scale=0.3, segment_ids_BL=chunked),
+        kernel(q, k, v, scale=0.3,
+               mask_BLS=attention.positions_mask(positions, length,
+                                                 chunk=3)),
+        rtol=0, atol=1e-6)
+    # Documents of 5 and length - 5 tokens in every row.
+    segments = np.broadcast_to(np.arange(length) >= 5, q.shape[:2]) + 1
+    doc_positions = np.where(segments == 1, np.arange(length),
+                             np.arange(length) - 5)
+    ids = np.asarray(attention.chunk_segment_ids(doc_positions, 3, segments))
+    want = (segments * 100 + doc_positions // 3)[0]
+    same = ids[0][:, None] == ids[0][None, :]
+    np.testing.assert_array_equal(same, want[:, None] == want[None, :])
+
   def test_mask_excludes_window_and_segments(self):
     q, k, v = kernel_testing.inputs(_B, _L, 4, 2, _K)
     mask = attention.positions_mask(np.zeros((2, 1), np.int32), 4)

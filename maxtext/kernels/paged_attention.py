@@ -5,7 +5,8 @@ sequence b owns pages `page_table_BN[b, 0], page_table_BN[b, 1], ...` in
 order, so its token at position t sits in page `page_table_BN[b, t // p]`,
 slot `t % p`. Sequence b holds `lengths_B[b]` tokens, the last of which is
 the query's own: the query (at position lengths_B[b] - 1) attends causally to
-positions 0 .. lengths_B[b] - 1, within `window` when given.
+positions 0 .. lengths_B[b] - 1, within `window` and its `chunk` of
+positions when given.
 
 Three implementations, one signature:
 
@@ -39,7 +40,8 @@ IMPLS = ("auto", "reference", "jax", "pallas")
 
 def reference_paged_attention(q_BHK, k_pages_PpGK, v_pages_PpGK,
                               page_table_BN, lengths_B, *, scale,
-                              window=None, logit_softcap=0.0, sinks_H=None):
+                              window=None, chunk=None, logit_softcap=0.0,
+                              sinks_H=None):
   """Dense gather, then `attention.reference_attention`; returns [B, H, K]."""
   batch, pages = page_table_BN.shape
   _, page_size, num_kv_heads, _ = k_pages_PpGK.shape
@@ -49,7 +51,7 @@ def reference_paged_attention(q_BHK, k_pages_PpGK, v_pages_PpGK,
                                              num_kv_heads, -1)
 
   mask_BLS = attention.positions_mask(lengths_B[:, None] - 1,
-                                      pages * page_size, window)
+                                      pages * page_size, window, chunk)
   o_B1HK = attention.reference_attention(
       q_BHK[:, None], dense(k_pages_PpGK), dense(v_pages_PpGK), scale=scale,
       logit_softcap=logit_softcap, mask_BLS=mask_BLS, sinks_H=sinks_H)
@@ -57,7 +59,8 @@ def reference_paged_attention(q_BHK, k_pages_PpGK, v_pages_PpGK,
 
 
 def _jax_paged_attention(q_BHK, k_pages_PpGK, v_pages_PpGK, page_table_BN,
-                         lengths_B, *, scale, window, logit_softcap, sinks_H):
+                         lengths_B, *, scale, window, chunk, logit_softcap,
+                         sinks_H):
   k_pages_PpGK, v_pages_PpGK = jnp.asarray(k_pages_PpGK), jnp.asarray(
       v_pages_PpGK)
   batch, num_heads, head_dim = q_BHK.shape
@@ -80,6 +83,8 @@ def _jax_paged_attention(q_BHK, k_pages_PpGK, v_pages_PpGK, page_table_BN,
       mask_Bp = position_1p <= last_B[:, None]
       if window is not None:
         mask_Bp &= last_B[:, None] - position_1p < window
+      if chunk is not None:
+        mask_Bp &= position_1p // chunk == last_B[:, None] // chunk
       return blockwise.online_softmax_update(
           carry, s_BGR1p, mask_Bp[:, None, None, None],
           v_pages_PpGK[page_ids_B])
@@ -87,6 +92,8 @@ def _jax_paged_attention(q_BHK, k_pages_PpGK, v_pages_PpGK, page_table_BN,
     needed = first <= last_B.max()
     if window is not None:
       needed &= (last_B - (first + page_size - 1) < window).any()
+    if chunk is not None:  # The page ends at or after a query's chunk start.
+      needed &= (first + page_size - 1 >= last_B // chunk * chunk).any()
     return lax.cond(needed, update, lambda c: c, carry), None
 
   carry, _ = lax.scan(
@@ -120,6 +127,7 @@ def paged_attention(
     *,
     scale: float,
     window: int | None = None,
+    chunk: int | None = None,
     logit_softcap: float = 0.0,
     sinks_H: jax.Array | None = None,
     impl: str = "auto",
@@ -135,6 +143,8 @@ def paged_attention(
     lengths_B: Tokens in each sequence (>= 1), its query's included.
     scale: Multiplier of the query-key dot products.
     window: A query sees this many keys, itself included; None: no window.
+    chunk: A query sees only the keys of its chunk of positions (p // chunk
+      equal); None: no chunks.
     logit_softcap: Logits become `c * tanh(logits / c)`; 0 is off.
     sinks_H: Per-query-head sink logit (scaled-logit units); None: none.
     impl: One of `IMPLS`.
@@ -151,6 +161,7 @@ def paged_attention(
     raise ValueError(f"Unknown paged attention impl {impl!r}; valid: "
                      f"{IMPLS}.")
   pallas_lacks = [name for name, value in (("window", window),
+                                           ("chunk", chunk),
                                            ("sinks_H", sinks_H))
                   if value is not None]
   on_tpu = backend.target_platform() == "tpu"
@@ -158,7 +169,8 @@ def paged_attention(
     impl = "pallas" if on_tpu and not pallas_lacks else "jax"
   if impl == "pallas" and (pallas_lacks or not on_tpu):
     raise ValueError(
-        "Paged attention impl 'pallas' runs on TPU without window or sinks "
+        "Paged attention impl 'pallas' runs on TPU without window, chunk or "
+        "sinks "
         f"(platform {backend.target_platform()!r}, given {pallas_lacks}); "
         "use 'auto', 'jax' or 'reference'.")
   if impl == "pallas":
@@ -169,5 +181,6 @@ def paged_attention(
   fn = (reference_paged_attention if impl == "reference" else
         _jax_paged_attention)
   return fn(q_BHK, k_pages_PpGK, v_pages_PpGK, page_table_BN, lengths_B,
-            scale=scale, window=window, logit_softcap=logit_softcap,
+            scale=scale, window=window, chunk=chunk,
+            logit_softcap=logit_softcap,
             sinks_H=sinks_H)

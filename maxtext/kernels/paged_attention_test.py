@@ -1,6 +1,7 @@
 """Tests of paged decode attention: the reference and the plain-JAX scan
 equal a numpy softmax over each sequence's own keys, across lengths, page
-sizes, GQA, windows, soft-cap and sinks; the TPU kernel compiles for v5e."""
+sizes, GQA, windows, chunks, soft-cap and sinks; the TPU kernel compiles
+for v5e."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -39,12 +40,16 @@ def _paged_cache(lengths, page_size, pages_per_seq, num_heads, num_kv_heads,
   return q, k, v, k_pages, v_pages, page_table
 
 
-def _numpy_decode(q, k, v, lengths, scale, window, softcap, sinks):
-  """Each sequence's query over its own first `length` keys."""
+def _numpy_decode(q, k, v, lengths, scale, window, softcap, sinks,
+                  chunk=None):
+  """Each sequence's query over its own first `length` keys (the last
+  `window` of them, or those of its chunk)."""
   group = q.shape[1] // k.shape[2]
   out = np.zeros(q.shape[:2] + (v.shape[-1],), np.float64)
   for b, length in enumerate(lengths):
     first = 0 if window is None else max(0, length - window)
+    if chunk is not None:
+      first = (length - 1) // chunk * chunk
     for h in range(q.shape[1]):
       keys = k[b, first:length, h // group]
       logits = keys @ q[b, h] * scale
@@ -70,7 +75,8 @@ class PagedAttentionTest(parameterized.TestCase):
           dict(page_size=16, pages_per_seq=2, heads=(4, 1),
                lengths=(32, 6)),
       ),
-      features=(dict(), dict(window=6, softcap=2.0, sinks=True)),
+      features=(dict(), dict(window=6, softcap=2.0, sinks=True),
+                dict(chunk=6)),
   )
   def test_matches_numpy(self, impl, setup, features):
     num_heads, num_kv_heads = setup["heads"]
@@ -78,14 +84,15 @@ class PagedAttentionTest(parameterized.TestCase):
     q, k, v, k_pages, v_pages, page_table = _paged_cache(
         lengths, setup["page_size"], setup["pages_per_seq"], num_heads,
         num_kv_heads)
-    window = features.get("window")
+    window, chunk = features.get("window"), features.get("chunk")
     softcap = features.get("softcap", 0.0)
     sinks = (np.linspace(-1.0, 1.0, num_heads).astype(np.float32)
              if features.get("sinks") else None)
     got = paged_attention.paged_attention(
         q, k_pages, v_pages, page_table, lengths, scale=0.5, window=window,
-        logit_softcap=softcap, sinks_H=sinks, impl=impl)
-    want = _numpy_decode(q, k, v, lengths, 0.5, window, softcap, sinks)
+        chunk=chunk, logit_softcap=softcap, sinks_H=sinks, impl=impl)
+    want = _numpy_decode(q, k, v, lengths, 0.5, window, softcap, sinks,
+                         chunk)
     np.testing.assert_allclose(got, want, atol=1e-5)
 
   def test_jax_gradients_match_reference(self):

@@ -1,5 +1,10 @@
 """Multi-head self-attention layer with GQA, optional q/k norm and rotary.
 
+A layer attends causally, within a sliding window or a chunk of positions
+when it is local (`maxtext.common.layer_pattern`); a layer without rotary
+(Llama 4's NoPE layers: `rotary` None) may scale its queries up with the
+position (temperature tuning).
+
 Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 
 Activations carry logical sharding constraints (`axes.constrain`) and remat
@@ -68,6 +73,13 @@ class AttentionConfig:
       their own (`maxtext.common.layer_pattern`).
     global_num_kv_heads: A global layer's key/value heads when they differ
       from `num_kv_heads`; 0: `num_kv_heads`.
+    qk_l2_norm: After rotary, queries and keys are divided by their root
+      mean square over each head (no scale; `norm_eps`); layers without
+      rotary skip it (Llama 4's use_qk_norm).
+    temperature_scale, temperature_floor_scale: The queries of a layer
+      without rotary are multiplied by `1 + temperature_scale *
+      log(1 + floor((p + 1) / temperature_floor_scale))` at position p
+      (Llama 4's attention temperature tuning); 0 is off.
   """
 
   KEYS: ClassVar[dict[str, str]] = {
@@ -80,6 +92,9 @@ class AttentionConfig:
       "logit_softcap": "attn_logit_softcap",
       "global_head_dim": "global_head_dim",
       "global_num_kv_heads": "global_num_kv_heads",
+      "qk_l2_norm": "qk_l2_norm",
+      "temperature_scale": "attn_temperature_scale",
+      "temperature_floor_scale": "attn_temperature_floor_scale",
   }
 
   type: str = "gqa"
@@ -95,6 +110,9 @@ class AttentionConfig:
   logit_softcap: float = 0.0
   global_head_dim: int = 0
   global_num_kv_heads: int = 0
+  qk_l2_norm: bool = False
+  temperature_scale: float = 0.0
+  temperature_floor_scale: int = 8192
 
   def __post_init__(self):
     def fail(field, valid):
@@ -110,7 +128,8 @@ class AttentionConfig:
       fail("num_kv_heads", f"must divide num_heads={self.num_heads}")
     if self.head_dim % 2:
       fail("head_dim", "must be even (rotary embeddings)")
-    for name in ("qk_norm", "qkv_bias", "output_bias", "sinks"):
+    for name in ("qk_norm", "qkv_bias", "output_bias", "sinks",
+                 "qk_l2_norm"):
       if not isinstance(getattr(self, name), bool):
         fail(name, "must be True or False")
     if self.qk_norm_over not in QK_NORM_SPANS:
@@ -121,6 +140,11 @@ class AttentionConfig:
            "must be positive or None (None means head_dim)")
     if self.logit_softcap < 0:
       fail("logit_softcap", "must be >= 0 (0 turns it off)")
+    if self.temperature_scale < 0:
+      fail("temperature_scale", "must be >= 0 (0 turns it off)")
+    floor = self.temperature_floor_scale
+    if isinstance(floor, bool) or not isinstance(floor, int) or floor < 1:
+      fail("temperature_floor_scale", "must be a positive integer")
     for name in ("global_head_dim", "global_num_kv_heads"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -146,6 +170,14 @@ class AttentionConfig:
         num_kv_heads=self.global_num_kv_heads or self.num_kv_heads,
         global_head_dim=0, global_num_kv_heads=0)
 
+  def temperature(self, positions_BL: jax.Array) -> jax.Array:
+    """Multiplier [B, L, 1, 1] (float32) of the queries of a layer without
+    rotary at `positions_BL` (temperature tuning)."""
+    steps_BL = jnp.floor((positions_BL.astype(jnp.float32) + 1.0) /
+                         self.temperature_floor_scale)
+    return (jnp.log1p(steps_BL) * self.temperature_scale + 1.0)[..., None,
+                                                                 None]
+
   def query_scale(self, qk_head_dim: int) -> float:
     """Multiplier of the queries before their dot product with keys of
     width `qk_head_dim`: `query_pre_attn_scalar` (or that width) ** -0.5."""
@@ -153,7 +185,8 @@ class AttentionConfig:
 
 
 class Attention(nnx.Module):
-  """q/k/v projections -> (q/k norm) -> rotary -> causal attention -> output.
+  """q/k/v projections -> (q/k norm) -> rotary (then q/k L2 norm) or
+  temperature -> causal attention -> output.
 
   With `cfg.qkv_bias` the q/k/v projections add a bias, with
   `cfg.output_bias` the output projection; with `cfg.sinks` each query
@@ -201,24 +234,32 @@ class Attention(nnx.Module):
     self.kernel = kernel
     self.scale = cfg.query_scale(cfg.head_dim)
     self.logit_softcap = cfg.logit_softcap
+    self.l2_norm_eps = norm_config.eps if cfg.qk_l2_norm else None
+    self.temperature_config = cfg if cfg.temperature_scale else None
 
   def __call__(
       self,
       x_BLD: jax.Array,
-      rotary: rope.Rotary,
+      rotary: rope.Rotary | None,
       *,
       window: int | None = None,
+      chunk: int | None = None,
       segment_ids_BL: jax.Array | None = None,
       cache: kv_cache_lib.KVCache | kv_cache_lib.PagedView | None = None,
       positions_BL: jax.Array | None = None,
   ) -> jax.Array | tuple[jax.Array, kv_cache_lib.KVCache |
                          kv_cache_lib.PagedView]:
-    """Attends causally; `window` limits how far back a query looks.
+    """Attends causally; `window` limits how far back a query looks, `chunk`
+    to the keys of its chunk of positions; `rotary` None: no rotary.
 
-    With `cache`, the tokens (at `positions_BL`, consecutive in each row)
-    are written to the cache and attend over it; returns (output, cache).
-    Packed sequences (`segment_ids_BL`) are not supported with a cache.
+    The tokens are at `positions_BL` (None: 0..L-1 in every row, not with
+    a cache). With `cache`, the tokens (consecutive in each row) are written
+    to the cache and attend over it; returns (output, cache). Packed
+    sequences (`segment_ids_BL`) are not supported with a cache.
     """
+    if cache is None and positions_BL is None:
+      positions_BL = jnp.broadcast_to(jnp.arange(x_BLD.shape[1]),
+                                      x_BLD.shape[:2])
     q_names = (axes.BATCH, axes.LENGTH, axes.HEADS, axes.HEAD_DIM)
     # Ring attention (training) keeps keys and values split along the
     # length like the queries; otherwise they are gathered whole.
@@ -231,12 +272,23 @@ class Attention(nnx.Module):
     if self.query_norm is not None:
       q_BLHK = self.query_norm(q_BLHK)
       k_BLGK = self.key_norm(k_BLGK)
-    q_BLHK = axes.constrain(rotary.apply(q_BLHK), q_names)
-    k_BLGK = axes.constrain(rotary.apply(k_BLGK), kv_names)
+    if rotary is not None:
+      q_BLHK, k_BLGK = rotary.apply(q_BLHK), rotary.apply(k_BLGK)
+      if self.l2_norm_eps is not None:
+        q_BLHK = norm.normalize(q_BLHK, self.l2_norm_eps).astype(q_BLHK.dtype)
+        k_BLGK = norm.normalize(k_BLGK, self.l2_norm_eps).astype(k_BLGK.dtype)
+    elif self.temperature_config is not None:
+      q_BLHK = (q_BLHK * self.temperature_config.temperature(
+          positions_BL)).astype(q_BLHK.dtype)
+    q_BLHK = axes.constrain(q_BLHK, q_names)
+    k_BLGK = axes.constrain(k_BLGK, kv_names)
     v_BLGK = axes.constrain(v_BLGK, kv_names)
     sinks_H = (None if self.sinks is None
                else self.sinks[...].astype(jnp.float32))
     if cache is None:
+      if chunk is not None:
+        segment_ids_BL = attention_kernels.chunk_segment_ids(
+            positions_BL, chunk, segment_ids_BL)
       o_BLHK = self.kernel(q_BLHK, k_BLGK, v_BLGK,
                            scale=self.scale, window=window,
                            segment_ids_BL=segment_ids_BL,
@@ -244,19 +296,21 @@ class Attention(nnx.Module):
     else:
       kv_cache_lib.check_decode_args(segment_ids_BL, positions_BL)
       cache = cache.write(k_BLGK, v_BLGK, positions_BL[:, 0])
-      o_BLHK = self._attend_cache(q_BLHK, cache, positions_BL, window,
+      o_BLHK = self._attend_cache(q_BLHK, cache, positions_BL, window, chunk,
                                   sinks_H)
     o_BLHK = checkpoint_name(axes.constrain(o_BLHK, q_names),
                              "attention_context")
     out_BLD = checkpoint_name(self.output(o_BLHK), "out_proj")
     return out_BLD if cache is None else (out_BLD, cache)
 
-  def _attend_cache(self, q_BLHK, cache, positions_BL, window, sinks_H):
+  def _attend_cache(self, q_BLHK, cache, positions_BL, window, chunk,
+                    sinks_H):
     """The queries at `positions_BL` over the (already written) cache.
 
     One query per row over a `PagedView` reads the pages in place
     (`paged_attention`); otherwise the model's kernel runs over the dense
-    cache (a paged one gathered) with a causal, windowed mask by position.
+    cache (a paged one gathered) with a causal, windowed or chunked mask by
+    position.
     """
     paged = isinstance(cache, kv_cache_lib.PagedView)
     if paged and q_BLHK.shape[1] == 1:
@@ -264,13 +318,13 @@ class Attention(nnx.Module):
       o_BHK = paged_attention.paged_attention(
           q_BLHK[:, 0], pages.key_pages_PpGK, pages.value_pages_PpGK,
           cache.page_table_BN, positions_BL[:, 0] + 1, scale=self.scale,
-          window=window, logit_softcap=self.logit_softcap, sinks_H=sinks_H,
+          window=window, chunk=chunk, logit_softcap=self.logit_softcap, sinks_H=sinks_H,
           impl=pages.impl)
       return o_BHK[:, None]
     k_BSGK, v_BSGK = (cache.gather() if paged
                       else (cache.key_BSGK, cache.value_BSGK))
     mask_BLS = attention_kernels.positions_mask(positions_BL, cache.length,
-                                                window)
+                                                window, chunk)
     return self.kernel(q_BLHK, k_BSGK, v_BSGK, scale=self.scale,
                        logit_softcap=self.logit_softcap, mask_BLS=mask_BLS,
                        sinks_H=sinks_H)

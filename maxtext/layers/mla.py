@@ -206,6 +206,7 @@ class MLA(nnx.Module):
       rotary: rope.Rotary,
       *,
       window: int | None = None,
+      chunk: int | None = None,
       segment_ids_BL: jax.Array | None = None,
       cache: kv_cache_lib.KVCache | None = None,
       positions_BL: jax.Array | None = None,
@@ -214,8 +215,9 @@ class MLA(nnx.Module):
     `empty_cache`) the tokens' latents are written at `positions_BL` and
     the tokens attend over every cached position; returns (output, cache).
     """
-    if window is not None:
-      raise ValueError(f"MLA has no sliding window (got window={window}).")
+    if window is not None or chunk is not None:
+      raise ValueError(f"MLA has no sliding window or chunks (got window="
+                       f"{window}, chunk={chunk}).")
     q_names = (axes.BATCH, axes.LENGTH, axes.HEADS, axes.HEAD_DIM)
     kv_names = (axes.BATCH, axes.KV_LENGTH, axes.HEADS, axes.HEAD_DIM)
     if self.query is None:

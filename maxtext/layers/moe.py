@@ -6,9 +6,12 @@ picks its top-k experts by score (plus, with `router_bias`, a per-expert bias
 that only steers the choice; with expert groups, only among the experts of
 its best groups: a group scores the sum of its two best experts' scores,
 DeepSeek-V3, or its best one, DeepSeek-V2); its weights are the chosen
-scores, optionally divided by their sum, times `routed_scaling_factor`. GPT-OSS's router (a softmax over
-the top-k logits) is softmax scores renormalised over the chosen experts,
-with `router_logit_bias` adding a trained bias to the logits.
+scores, optionally divided by their sum, times `routed_scaling_factor`, and
+scale the chosen experts' outputs (or, Llama 4, their inputs). GPT-OSS's
+router (a softmax over the top-k logits) is softmax scores renormalised over
+the chosen experts, with `router_logit_bias` adding a trained bias to the
+logits; Llama 4's (a sigmoid of the top-k logits) is sigmoid scores, not
+renormalised.
 
 The routed experts (gated MLPs), the three ways to run them
 (`MoeConfig.impl`: "dropless", "capacity", "dense") and expert parallelism
@@ -87,6 +90,8 @@ class MoeConfig:
       one parameter `gate_up` [experts, embed, 2, mlp_dim] (GPT-OSS
       checkpoints store them as one tensor) instead of `gate` and `up`.
     routed_scaling_factor: Multiplies the routed experts' weights.
+    router_weights_on_input: A chosen expert's weight scales its input
+      instead of its output (Llama 4: expert(w * x), not w * expert(x)).
     num_expert_groups: Experts are split into this many groups; a token
       chooses experts only within its best `expert_groups_per_token` groups
       (scored by `expert_group_score`). 1 is off.
@@ -115,6 +120,7 @@ class MoeConfig:
       "router_logit_bias": "router_logit_bias", "expert_bias": "expert_bias",
       "expert_gate_up_fused": "expert_gate_up_fused",
       "routed_scaling_factor": "routed_scaling_factor",
+      "weights_on_input": "router_weights_on_input",
       "num_expert_groups": "num_expert_groups",
       "expert_groups_per_token": "expert_groups_per_token",
       "expert_group_score": "expert_group_score",
@@ -135,6 +141,7 @@ class MoeConfig:
   expert_bias: bool = False
   expert_gate_up_fused: bool = False
   routed_scaling_factor: float = 1.0
+  weights_on_input: bool = False
   num_expert_groups: int = 1
   expert_groups_per_token: int = 1
   expert_group_score: str = "top2_sum"
@@ -152,7 +159,7 @@ class MoeConfig:
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         fail(name, "must be an integer >= 0")
     expert_flags = ("router_logit_bias", "expert_bias",
-                    "expert_gate_up_fused")
+                    "expert_gate_up_fused", "weights_on_input")
     for name in expert_flags + ("router_normalize", "router_bias"):
       if not isinstance(getattr(self, name), bool):
         fail(name, "must be True or False")
@@ -236,7 +243,8 @@ def route(logits_TE: jax.Array, cfg: MoeConfig,
   if cfg.router_score == "sigmoid":
     probs_TE = scores_TE / scores_TE.sum(-1, keepdims=True)
   return moe_experts.Routing(weights_TA * cfg.routed_scaling_factor,
-                             experts_TA.astype(jnp.int32), probs_TE)
+                             experts_TA.astype(jnp.int32), probs_TE,
+                             cfg.weights_on_input)
 
 
 def load_balance_loss(routing: moe_experts.Routing, num_experts: int,

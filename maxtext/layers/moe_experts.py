@@ -62,11 +62,14 @@ class Routing:
     experts_TA: The chosen experts (int32).
     probs_TE: Router probabilities (scores normalised over the experts),
       for the load-balancing loss.
+    on_input: The weights scale each chosen expert's input instead of its
+      output (Llama 4).
   """
 
   weights_TA: jax.Array
   experts_TA: jax.Array
   probs_TE: jax.Array
+  on_input: bool = False
 
 
 def expert_counts(experts_TA: jax.Array, num_experts: int) -> jax.Array:
@@ -114,11 +117,20 @@ class ExpertWeights:
 
 def dense_experts(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
   """Reference: every expert on every token, one-hot combine."""
-  combine_TE = jnp.zeros(routing.probs_TE.shape, x_TD.dtype).at[
-      jnp.arange(x_TD.shape[0])[:, None], routing.experts_TA].add(
-          routing.weights_TA.astype(x_TD.dtype))
-  h_TEF = w.hidden(jnp.einsum("td,edf->tef", x_TD, w.gate_EDF),
-                   jnp.einsum("td,edf->tef", x_TD, w.up_EDF), None)
+  tokens_T1 = jnp.arange(x_TD.shape[0])[:, None]
+  weights_TE = jnp.zeros(routing.probs_TE.shape, x_TD.dtype).at[
+      tokens_T1, routing.experts_TA].add(routing.weights_TA.astype(x_TD.dtype))
+  if routing.on_input:
+    x_TED = x_TD[:, None, :] * weights_TE[:, :, None]
+    gate_TEF = jnp.einsum("ted,edf->tef", x_TED, w.gate_EDF)
+    up_TEF = jnp.einsum("ted,edf->tef", x_TED, w.up_EDF)
+    combine_TE = jnp.zeros(weights_TE.shape, x_TD.dtype).at[
+        tokens_T1, routing.experts_TA].set(1)
+  else:
+    gate_TEF = jnp.einsum("td,edf->tef", x_TD, w.gate_EDF)
+    up_TEF = jnp.einsum("td,edf->tef", x_TD, w.up_EDF)
+    combine_TE = weights_TE
+  h_TEF = w.hidden(gate_TEF, up_TEF, None)
   y_TED = w.output(jnp.einsum("tef,efd->ted", h_TEF, w.down_EFD), None)
   return jnp.einsum("ted,te->td", y_TED, combine_TE)
 
@@ -140,19 +152,38 @@ def _sort_by_expert(routing: Routing, num_experts: int):
           expert_counts(flat_experts, num_experts))
 
 
-def _combine(y_YD, routing: Routing, order, tokens: int) -> jax.Array:
-  """Each token's sum of its sorted assignments' outputs times weights."""
+def _inputs(x_TD, routing: Routing, order) -> jax.Array:
+  """The rows [Y, D] of the assignments `order` (indices into the flat
+  [T * k] choices): each its token's row, times its weight when the weights
+  scale the inputs (`Routing.on_input`)."""
   k = routing.experts_TA.shape[1]
-  weights_Y = routing.weights_TA.reshape(-1)[order].astype(y_YD.dtype)
+  x_YD = x_TD[order // k]
+  if routing.on_input:
+    x_YD = x_YD * routing.weights_TA.reshape(-1)[order].astype(
+        x_YD.dtype)[:, None]
+  return x_YD
+
+
+def _weighted(y_YD, routing: Routing, order) -> jax.Array:
+  """The outputs of the assignments `order`, times their weights unless
+  those scaled the inputs."""
+  if routing.on_input:
+    return y_YD
+  return y_YD * routing.weights_TA.reshape(-1)[order].astype(
+      y_YD.dtype)[:, None]
+
+
+def _combine(y_YD, routing: Routing, order, tokens: int) -> jax.Array:
+  """Each token's sum of its sorted assignments' (weighted) outputs."""
+  k = routing.experts_TA.shape[1]
   return jnp.zeros((tokens, y_YD.shape[-1]), y_YD.dtype).at[order // k].add(
-      y_YD * weights_Y[:, None])
+      _weighted(y_YD, routing, order))
 
 
 def dropless_experts(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
   """Tokens sorted by expert through grouped matmuls (`ragged_dot`)."""
-  k = routing.experts_TA.shape[1]
   order, expert_Y, sizes_E = _sort_by_expert(routing, w.gate_EDF.shape[0])
-  y_YD = grouped_experts(x_TD[order // k], expert_Y, sizes_E, w)
+  y_YD = grouped_experts(_inputs(x_TD, routing, order), expert_Y, sizes_E, w)
   return _combine(y_YD, routing, order, x_TD.shape[0])
 
 
@@ -189,7 +220,7 @@ def expert_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
 
   def exchange(x_TD, experts_TA, weights_TA, local_arrays):
     return _exchange_tokens(
-        x_TD, Routing(weights_TA, experts_TA, None),
+        x_TD, Routing(weights_TA, experts_TA, None, routing.on_input),
         dataclasses.replace(w, **local_arrays), rules.mesh.shape[EXPERT_AXIS])
 
   return jax.shard_map(
@@ -216,7 +247,7 @@ def _exchange_tokens(x_TD, routing: Routing, w: ExpertWeights,
   send_W = sizes_E.reshape(shards, local).sum(1)
   slot_Y = jnp.arange(rows) - (jnp.cumsum(send_W) - send_W)[dest_Y]
   send_WYD = jnp.zeros((shards, rows, x_TD.shape[-1]), x_TD.dtype).at[
-      dest_Y, slot_Y].set(x_TD[order // k])
+      dest_Y, slot_Y].set(_inputs(x_TD, routing, order))
   recv_WYD = jax.lax.all_to_all(send_WYD, EXPERT_AXIS, 0, 0)
   # Sender p's rows for this shard, sorted by (local) expert; then padding.
   all_sizes_WE = jax.lax.all_gather(sizes_E, EXPERT_AXIS)
@@ -252,9 +283,11 @@ def capacity_experts(x_TD, routing: Routing, w: ExpertWeights,
   kept_Y = slot_Y < slots
   # Dropped assignments write out of bounds (dropped) and read zeros.
   slot_Y = jnp.where(kept_Y, slot_Y, slots)
-  token_of = jnp.arange(tokens * k) // k
+  assignments = jnp.arange(tokens * k)
+  token_of = assignments // k
   x_ECD = jnp.zeros((num_experts, slots, x_TD.shape[-1]), x_TD.dtype).at[
-      flat_experts, slot_Y].set(x_TD[token_of], mode="drop")
+      flat_experts, slot_Y].set(_inputs(x_TD, routing, assignments),
+                                mode="drop")
   x_ECD = axes.constrain(x_ECD, _DISPATCHED)
   per_expert = (slice(None), None)  # Biases [E, 1, F or D].
   h_ECF = w.hidden(jnp.einsum("ecd,edf->ecf", x_ECD, w.gate_EDF),
@@ -263,7 +296,6 @@ def capacity_experts(x_TD, routing: Routing, w: ExpertWeights,
       w.output(jnp.einsum("ecf,efd->ecd", h_ECF, w.down_EFD), per_expert),
       _DISPATCHED)
   y_YD = y_ECD.at[flat_experts, slot_Y].get(mode="fill", fill_value=0)
-  weights_Y = routing.weights_TA.reshape(-1).astype(y_YD.dtype)
   y_TD = jnp.zeros_like(x_TD, dtype=y_YD.dtype).at[token_of].add(
-      y_YD * weights_Y[:, None])
+      _weighted(y_YD, routing, assignments))
   return y_TD, jnp.sum(~kept_Y)

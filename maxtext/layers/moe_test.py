@@ -225,6 +225,29 @@ class MoETest(parameterized.TestCase):
                                _numpy_gpt_oss_moe(x_TD, layer), rtol=1e-4,
                                atol=1e-4)
 
+  @parameterized.parameters("dropless", "capacity", "dense")
+  def test_weights_on_input_match_numpy(self, impl):
+    """Llama 4: sigmoid of the top-k logits, not renormalised, scales each
+    chosen expert's input: sum_e MLP_e(w_e * x)."""
+    _, layer, x = self._layer_and_input(
+        impl=impl, capacity_factor=2.0, router_score="sigmoid",
+        router_normalize=False, weights_on_input=True)
+    y, _ = layer(jnp.asarray(x))
+    x_TD = x.reshape(10, 8).astype(np.float64)
+    logits = x_TD @ np.asarray(layer.router.kernel[...])
+    gate, up, down = (np.asarray(w[...], np.float64)
+                      for w in (layer.gate, layer.up, layer.down))
+    want = np.zeros_like(x_TD)
+    for t, row in enumerate(logits):
+      for e in np.argsort(-row)[:2]:
+        x_D = x_TD[t] / (1 + np.exp(-row[e]))
+        want[t] += (_silu(x_D @ gate[e]) * (x_D @ up[e])) @ down[e]
+    np.testing.assert_allclose(y.reshape(10, 8), want, rtol=1e-4, atol=1e-5)
+    output_weighted, _ = self._layer_and_input(
+        impl=impl, capacity_factor=2.0, router_score="sigmoid",
+        router_normalize=False)[1](jnp.asarray(x))
+    self.assertGreater(float(jnp.abs(output_weighted - y).max()), 1e-3)
+
   def test_paths_equal_with_gradients(self):
     """Dropless and capacity (nothing dropped) equal the dense reference,
     forward and gradients, router included."""

@@ -62,9 +62,15 @@ class RMSNorm(nnx.Module):
     self.num_axes = len(shape)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    x_f32 = x.astype(jnp.float32)
-    over = tuple(range(-self.num_axes, 0))
-    mean_square = jnp.mean(jnp.square(x_f32), axis=over, keepdims=True)
-    y = x_f32 * jax.lax.rsqrt(mean_square + self.eps)
+    y = normalize(x, self.eps, self.num_axes)
     return (y * (self.offset + self.scale[...].astype(jnp.float32))).astype(
         x.dtype)
+
+
+def normalize(x: jax.Array, eps: float, num_axes: int = 1) -> jax.Array:
+  """`x / rms(x)` in float32, the root mean square over the last `num_axes`
+  axes (`eps` added to the mean square): an RMSNorm without a scale."""
+  x_f32 = x.astype(jnp.float32)
+  over = tuple(range(-num_axes, 0))
+  mean_square = jnp.mean(jnp.square(x_f32), axis=over, keepdims=True)
+  return x_f32 * jax.lax.rsqrt(mean_square + eps)

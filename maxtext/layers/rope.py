@@ -1,11 +1,14 @@
-"""Rotary position embeddings (half-split layout, as in Hugging Face).
+"""Rotary position embeddings: the half-split layout (Hugging Face's Llama:
+dimension k pairs with k + K/2) or the interleaved one (Llama 4: 2i with
+2i + 1).
 
 Frequency scalings: "default" (none), "linear" (positions divided by a
 factor), "llama3" (long wavelengths divided by a factor, short ones kept,
 a smooth blend in between) and "yarn" (the same idea with the blend set by
 rotation counts `beta_fast`/`beta_slow`, plus an attention factor that
 multiplies the cosines and sines; DeepSeek-V3, GPT-OSS). Local (sliding window) layers use plain rotary
-embeddings with their own base; global layers use the configured scaling.
+embeddings with their own base; global layers use the configured scaling,
+or none at all (`global_nope`: Llama 4's NoPE layers).
 
 Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
@@ -49,8 +52,9 @@ def inverse_frequencies(
     wavelength = 2 * math.pi / inv_freq
     low_freq_wavelength = original_max_length / low_freq_factor
     high_freq_wavelength = original_max_length / high_freq_factor
-    smooth = (original_max_length / wavelength - low_freq_factor) / (
-        high_freq_factor - low_freq_factor)
+    # Equal factors (Llama 4) leave no band to blend.
+    gap = max(high_freq_factor - low_freq_factor, 1e-30)
+    smooth = (original_max_length / wavelength - low_freq_factor) / gap
     blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
     return np.where(
         wavelength > low_freq_wavelength, inv_freq / factor,
@@ -93,25 +97,34 @@ def attention_factor(scaling: str, factor: float, mscale: float = 0.0,
 @dataclasses.dataclass(frozen=True)
 class Rotary:
   """Cosines and sines [B, L, K // 2] of the rotation at each position,
-  times a constant `scale` (YaRN's attention factor; 1 otherwise)."""
+  times a constant `scale` (YaRN's attention factor; 1 otherwise); with
+  `interleaved`, pair k rotates dimensions (2k, 2k + 1), else (k, k + K/2)."""
 
   cos_BLk: jax.Array
   sin_BLk: jax.Array
+  interleaved: bool = False
 
   @classmethod
   def at(cls, positions_BL: jax.Array, inv_freq: np.ndarray,
-         scale: float = 1.0) -> "Rotary":
+         scale: float = 1.0, interleaved: bool = False) -> "Rotary":
     angles_BLk = positions_BL[..., None].astype(jnp.float32) * jnp.asarray(
         inv_freq, jnp.float32)
-    return cls(jnp.cos(angles_BLk) * scale, jnp.sin(angles_BLk) * scale)
+    return cls(jnp.cos(angles_BLk) * scale, jnp.sin(angles_BLk) * scale,
+               interleaved)
 
   def apply(self, x_BLHK: jax.Array) -> jax.Array:
-    """Rotates pairs (x[k], x[k + K/2]) by the position's angles."""
-    x1, x2 = jnp.split(x_BLHK.astype(jnp.float32), 2, axis=-1)
+    """Rotates each pair of dimensions by the position's angle."""
+    x = x_BLHK.astype(jnp.float32)
     cos = self.cos_BLk[:, :, None, :]
     sin = self.sin_BLk[:, :, None, :]
-    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin],
-                              axis=-1)
+    if self.interleaved:
+      x1, x2 = x[..., 0::2], x[..., 1::2]
+      rotated = jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin],
+                          axis=-1).reshape(x.shape)
+    else:
+      x1, x2 = jnp.split(x, 2, axis=-1)
+      rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin],
+                                axis=-1)
     return rotated.astype(x_BLHK.dtype)
 
 
@@ -134,6 +147,10 @@ class RopeConfig:
     yarn_truncate: "yarn": round the blend's bounds to whole dimensions.
     yarn_mscale, yarn_mscale_all_dim: "yarn": the attention factor's
       numerator and denominator mscale (0: unset; `attention_factor`).
+    interleaved: Rotate dimension pairs (2i, 2i + 1) instead of (i, i + K/2)
+      (Llama 4's complex rotary).
+    global_nope: Global layers have no rotary at all (Llama 4's NoPE
+      layers); local ones keep theirs.
   """
 
   KEYS: ClassVar[dict[str, str]] = {
@@ -147,6 +164,7 @@ class RopeConfig:
       "yarn_truncate": "rope_yarn_truncate",
       "yarn_mscale": "rope_yarn_mscale",
       "yarn_mscale_all_dim": "rope_yarn_mscale_all_dim",
+      "interleaved": "rope_interleaved", "global_nope": "rope_global_nope",
   }
 
   theta: float = 10_000.0
@@ -161,6 +179,8 @@ class RopeConfig:
   yarn_truncate: bool = True
   yarn_mscale: float = 0.0
   yarn_mscale_all_dim: float = 0.0
+  interleaved: bool = False
+  global_nope: bool = False
 
   def __post_init__(self):
     def fail(field, valid):
@@ -168,8 +188,9 @@ class RopeConfig:
 
     if self.scaling not in SCALINGS:
       fail("scaling", f"valid values are {SCALINGS}")
-    if not isinstance(self.yarn_truncate, bool):
-      fail("yarn_truncate", "must be True or False")
+    for name in ("yarn_truncate", "interleaved", "global_nope"):
+      if not isinstance(getattr(self, name), bool):
+        fail(name, "must be True or False")
     if self.theta <= 0:
       fail("theta", "must be positive")
     if self.local_theta is not None and self.local_theta <= 0:
@@ -181,9 +202,9 @@ class RopeConfig:
       fail("scaling_factor",
            f"must be >= 1.0 for rope_scaling={self.scaling!r}")
     if self.scaling == "llama3" and not (
-        0 < self.low_freq_factor < self.high_freq_factor):
+        0 < self.low_freq_factor <= self.high_freq_factor):
       fail("high_freq_factor", "llama3 scaling needs 0 < rope_low_freq_factor"
-           f" ({self.low_freq_factor}) < rope_high_freq_factor")
+           f" ({self.low_freq_factor}) <= rope_high_freq_factor")
     # Equal bounds are allowed (Kimi K2: both 1).
     if self.scaling == "yarn" and not (
         0 < self.yarn_beta_slow <= self.yarn_beta_fast):
@@ -213,8 +234,9 @@ class RopeConfig:
                     head_dim: int) -> "Rotary":
     """The rotary of a global layer with heads of `head_dim`."""
     return Rotary.at(positions_BL, self.global_inverse_frequencies(head_dim),
-                     self.global_attention_factor())
+                     self.global_attention_factor(), self.interleaved)
 
   def local_rotary(self, positions_BL: jax.Array, head_dim: int) -> "Rotary":
     """The rotary of a local layer (`local_theta`, which is set)."""
-    return Rotary.at(positions_BL, self.local_inverse_frequencies(head_dim))
+    return Rotary.at(positions_BL, self.local_inverse_frequencies(head_dim),
+                     interleaved=self.interleaved)

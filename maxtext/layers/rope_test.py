@@ -7,6 +7,7 @@ import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama import modeling_llama
+from transformers.models.llama4 import modeling_llama4
 
 from maxtext.layers import rope
 
@@ -42,6 +43,12 @@ class RopeTest(parameterized.TestCase):
       ("llama3", dict(**_LLAMA3, rope_theta=500_000.0),
        dict(scaling="llama3", factor=8.0, low_freq_factor=1.0,
             high_freq_factor=4.0, original_max_length=8192)),
+      # Llama 4 Scout: equal factors, no band to blend.
+      ("llama3_equal_factors", dict(**{**_LLAMA3, "high_freq_factor": 1.0,
+                                       "factor": 16.0},
+                                    rope_theta=500_000.0),
+       dict(scaling="llama3", factor=16.0, low_freq_factor=1.0,
+            high_freq_factor=1.0, original_max_length=8192)),
       ("yarn_gpt_oss", dict(**_YARN, truncate=False, rope_theta=150_000.0),
        dict(scaling="yarn", factor=32.0, original_max_length=4096,
             truncate=False)),
@@ -94,6 +101,19 @@ class RopeTest(parameterized.TestCase):
     q_hf = torch.tensor(q).transpose(1, 2)  # HF layout [B, H, L, K].
     want, _ = modeling_llama.apply_rotary_pos_emb(q_hf, q_hf, cos, sin)
     np.testing.assert_allclose(got, want.transpose(1, 2).numpy(), atol=1e-5)
+
+  def test_interleaved_apply_matches_llama4(self):
+    """Llama 4 rotates pairs (2i, 2i + 1) as complex numbers."""
+    rng = np.random.RandomState(0)
+    positions = np.array([[0, 1, 2, 7, 100], [5, 6, 0, 1, 2]])
+    q = rng.normal(size=(2, 5, 3, _HEAD_DIM)).astype(np.float32)
+    inv_freq = rope.inverse_frequencies(_HEAD_DIM, 10_000.0)
+    got = rope.Rotary.at(positions, inv_freq, interleaved=True).apply(q)
+    angles = torch.tensor(positions[..., None] * inv_freq.astype(np.float32))
+    freqs_cis = torch.polar(torch.ones_like(angles), angles)
+    want, _ = modeling_llama4.apply_rotary_emb(torch.tensor(q),
+                                               torch.tensor(q), freqs_cis)
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
 
   def test_scores_depend_only_on_relative_position(self):
     rng = np.random.RandomState(1)

@@ -87,8 +87,13 @@ def mlp_params_per_token(cfg: ModelConfig, experts: bool) -> int:
   return cfg.embed_dim * (cfg.moe.num_experts + 3 * experts * cfg.moe.mlp_dim)
 
 
-def mean_attended_keys(window: int | None, seq_len: int) -> float:
-  """Mean number of keys a query attends to in a causal row of `seq_len`."""
+def mean_attended_keys(window: int | None, seq_len: int,
+                       chunk: int | None = None) -> float:
+  """Mean number of keys a query attends to in a causal row of `seq_len`
+  (within a sliding `window`, or within its `chunk` of positions)."""
+  if chunk is not None:
+    whole, rest = divmod(seq_len, chunk)
+    return (whole * chunk * (chunk + 1) + rest * (rest + 1)) / (2 * seq_len)
   if window is None or window >= seq_len:
     return (seq_len + 1) / 2
   return window - window * (window - 1) / (2 * seq_len)
@@ -103,7 +108,7 @@ def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     qk_dim = kind_cfg.attention.head_dim + kind_cfg.mla.qk_nope_head_dim
     v_dim = kind_cfg.mla.v_head_dim or kind_cfg.attention.head_dim
     total += (6 * cfg.attention.num_heads * (qk_dim + v_dim) *
-              mean_attended_keys(layer.window, seq_len))
+              mean_attended_keys(layer.window, seq_len, layer.chunk))
   return total
 
 

@@ -60,15 +60,17 @@ class Block(nnx.Module):
                 if experts else None)
     self.post_mlp_norm = embed_norm(cfg) if cfg.post_norms else None
 
-  def __call__(self, x_BLD: jax.Array, rotary: rope.Rotary, *,
-               window: int | None,
+  def __call__(self, x_BLD: jax.Array, rotary: rope.Rotary | None, *,
+               window: int | None, chunk: int | None = None,
                segment_ids_BL: jax.Array | None,
-               cache: kv_cache_lib.KVCache | None = None,
-               positions_BL: jax.Array | None = None):
-    """Returns (new residual stream, cache or None, moe aux dict or None)."""
+               positions_BL: jax.Array | None = None,
+               cache: kv_cache_lib.KVCache | None = None):
+    """Returns (new residual stream, cache or None, moe aux dict or None);
+    `rotary` None: the layer has none."""
     h_BLD = self.attention(_norm(self.pre_attention_norm, x_BLD), rotary,
-                           window=window, segment_ids_BL=segment_ids_BL,
-                           cache=cache, positions_BL=positions_BL)
+                           window=window, chunk=chunk,
+                           segment_ids_BL=segment_ids_BL, cache=cache,
+                           positions_BL=positions_BL)
     if cache is not None:
       h_BLD, cache = h_BLD
     if self.post_attention_norm is not None:
@@ -119,8 +121,8 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
   layer shares); otherwise `layer_cache` is None and each block runs under
   `remat_config`.
   """
-  rotaries = {}  # Built here, outside the layers' scans, once per key.
-  for layer in pattern:
+  rotaries = {None: None}  # Built here, outside the layers' scans, once
+  for layer in pattern:     # per key.
     key = _rotary_key(cfg, layer)
     if key not in rotaries:
       rotaries[key] = _rotary(layer.kind.config(cfg), positions_BL,
@@ -134,10 +136,10 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
       if page_table_BN is not None:
         layer_cache = kv_cache_lib.PagedView(layer_cache, page_table_BN)
       x_BLD, layer_cache, aux = block(x_BLD, rotary_of(layer),
-                                      window=layer.window,
+                                      window=layer.window, chunk=layer.chunk,
                                       segment_ids_BL=segment_ids_BL,
-                                      cache=layer_cache,
-                                      positions_BL=positions_BL)
+                                      positions_BL=positions_BL,
+                                      cache=layer_cache)
       if page_table_BN is not None:
         layer_cache = layer_cache.pages
       return axes.constrain(x_BLD, RESIDUAL), layer_cache, aux
@@ -145,7 +147,8 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
 
   def call_block(block: Block, x_BLD: jax.Array, layer):
     x_BLD, _, aux = block(x_BLD, rotary_of(layer), window=layer.window,
-                          segment_ids_BL=segment_ids_BL)
+                          chunk=layer.chunk, segment_ids_BL=segment_ids_BL,
+                          positions_BL=positions_BL)
     return axes.constrain(x_BLD, RESIDUAL), aux
 
   remat_block = _with_remat(call_block, cfg, remat_config)
@@ -158,11 +161,14 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
 
 
 def _rotary_key(cfg: ModelConfig, layer: layer_pattern.Layer):
-  """What a layer's rotary depends on: local or global, and its head size.
+  """What a layer's rotary depends on: local or global, and its head size;
+  None for a global layer without rotary (`cfg.rope.global_nope`).
 
   Local layers share the global rotary when `cfg.rope.local_theta` is
   None."""
-  local = layer.window is not None and cfg.rope.local_theta is not None
+  if layer.is_global and cfg.rope.global_nope:
+    return None
+  local = not layer.is_global and cfg.rope.local_theta is not None
   return local, layer.kind.config(cfg).attention.head_dim
 
 

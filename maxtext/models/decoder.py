@@ -275,7 +275,7 @@ class Decoder(nnx.Module):
     cfg = self.cfg
     rotary = cfg.rope.global_rotary(positions_BL, cfg.attention.head_dim)
     logits, auxes = mtp.predict(self.mtp, tokens_BL, h_BLD, rotary,
-                                segment_ids_BL, self.embedder, self._logits)
+                                positions_BL, segment_ids_BL, self.embedder, self._logits)
     self.sow(mtp.MtpLogits, "mtp_logits", tuple(logits),
              reduce_fn=lambda _, new: new)
     if auxes[0] is not None:

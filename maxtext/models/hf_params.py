@@ -37,6 +37,9 @@ class ParamMap:
     interleaved: Our last two axes [2, F] are one Hugging Face axis [2F]
       that alternates them: ours[..., c, f] = hf[..., 2f + c] (GPT-OSS's
       fused expert gate_up, gate at even and up at odd positions).
+    halves: Our last two axes [2, F] are one Hugging Face axis [2F] that
+      holds them one after the other: ours[..., c, f] = hf[..., c * F + f]
+      (Llama 4's fused expert gate_up: gate, then up).
   """
 
   path: tuple[str, ...]
@@ -44,6 +47,7 @@ class ParamMap:
   in_ndim: int = 0
   flatten: bool = False
   interleaved: bool = False
+  halves: bool = False
 
   def to_ours(self, hf_array: np.ndarray, shape: Sequence[int],
               name: str | None = None) -> np.ndarray:
@@ -67,7 +71,7 @@ class ParamMap:
       return (math.prod(shape[self.in_ndim:]), math.prod(shape[:self.in_ndim]))
     if self.flatten:
       return (math.prod(shape),)
-    if self.interleaved:
+    if self.interleaved or self.halves:
       return (*shape[:-2], 2 * shape[-1])
     return shape
 
@@ -80,6 +84,8 @@ class ParamMap:
     if self.interleaved:
       return np.ascontiguousarray(array.swapaxes(-1, -2)).reshape(
           *array.shape[:-2], -1)
+    if self.halves:
+      return array.reshape(*array.shape[:-2], -1)
     return array
 
 
@@ -269,10 +275,11 @@ COMMON_BLOCK_PARAMS = (
 
 
 def block_param(path: tuple[str, ...], hf_suffix: str, *,
-                flatten: bool = False, interleaved: bool = False) -> ParamMap:
+                flatten: bool = False, interleaved: bool = False,
+                halves: bool = False) -> ParamMap:
   """A per-layer entry without a transpose, e.g. a norm scale or a bias."""
   return ParamMap(path, _block(hf_suffix), flatten=flatten,
-                  interleaved=interleaved)
+                  interleaved=interleaved, halves=halves)
 
 
 # Llama's "post_attention_layernorm" normalises the MLP input (so do Mistral,

@@ -84,19 +84,22 @@ class MTP(nnx.Module):
     self.final_norm = embed_norm()
 
   def __call__(self, h_BLD: jax.Array, embedded_BLD: jax.Array,
-               rotary: rope.Rotary, segment_ids_BL: jax.Array | None
+               rotary: rope.Rotary, positions_BL: jax.Array | None,
+               segment_ids_BL: jax.Array | None
                ) -> tuple[jax.Array, dict | None]:
     """(h^k [B, L, D], the block's MoE aux dict or None) from h^{k-1} and
     the embeddings of the tokens k ahead."""
     x_BLD = self.projection(jnp.concatenate(
         [self.embed_norm(embedded_BLD), self.hidden_norm(h_BLD)], axis=-1))
     x_BLD, _, aux = self.block(x_BLD, rotary, window=None,
-                               segment_ids_BL=segment_ids_BL)
+                               segment_ids_BL=segment_ids_BL,
+                               positions_BL=positions_BL)
     return x_BLD, aux
 
 
 def predict(modules: Sequence[MTP], tokens_BL: jax.Array, h_BLD: jax.Array,
-            rotary: rope.Rotary, segment_ids_BL: jax.Array | None,
+            rotary: rope.Rotary, positions_BL: jax.Array,
+            segment_ids_BL: jax.Array | None,
             embed: Callable[[jax.Array], jax.Array],
             logits: Callable[[jax.Array], jax.Array],
             ) -> tuple[list[jax.Array], list[dict | None]]:
@@ -106,7 +109,8 @@ def predict(modules: Sequence[MTP], tokens_BL: jax.Array, h_BLD: jax.Array,
     modules: The depths in order.
     tokens_BL: The main model's input tokens.
     h_BLD: The main model's output hidden states (after its final norm).
-    rotary: The main model's rotary (same positions).
+    rotary: The main model's rotary (at `positions_BL`).
+    positions_BL: The tokens' positions.
     segment_ids_BL: Packed-sequence ids, or None.
     embed: The shared token embedding.
     logits: The shared output head (float32 logits of normalised states).
@@ -114,7 +118,8 @@ def predict(modules: Sequence[MTP], tokens_BL: jax.Array, h_BLD: jax.Array,
   all_logits, auxes = [], []
   for depth, module in enumerate(modules, 1):
     ahead_BL = jnp.pad(tokens_BL[:, depth:], ((0, 0), (0, depth)))
-    h_BLD, aux = module(h_BLD, embed(ahead_BL), rotary, segment_ids_BL)
+    h_BLD, aux = module(h_BLD, embed(ahead_BL), rotary, positions_BL,
+                        segment_ids_BL)
     all_logits.append(logits(module.final_norm(h_BLD)))
     auxes.append(aux)
   return all_logits, auxes
