@@ -91,6 +91,19 @@ FAMILIES = {
               dict(num_hidden_layers=4, sliding_window=5,
                    rope_parameters=dict(rope_type="default",
                                         rope_theta=10_000.0)), 1.0),
+    # Three chunked layers (chunks of 4) then a NoPE one with temperature
+    # tuning from position 3 on; dense and expert layers alternating, top-2
+    # of 4 experts on their inputs plus a shared one; interleaved Llama 3
+    # rotary over a short original context.
+    "llama4": (transformers.Llama4TextConfig, transformers.Llama4ForCausalLM,
+               dict(num_hidden_layers=4, head_dim=16, intermediate_size=32,
+                    intermediate_size_mlp=96, num_local_experts=4,
+                    num_experts_per_tok=2, interleave_moe_layer_step=2,
+                    attention_chunk_size=4, floor_scale=4, attn_scale=0.5,
+                    attn_implementation="eager", rope_parameters=dict(
+                        rope_type="llama3", rope_theta=10_000.0, factor=8.0,
+                        low_freq_factor=1.0, high_freq_factor=4.0,
+                        original_max_position_embeddings=8)), 1.0),
     "qwen3_moe": (transformers.Qwen3MoeConfig,
                   transformers.Qwen3MoeForCausalLM,
                   dict(head_dim=16, num_experts=4, num_experts_per_tok=2,

@@ -13,6 +13,7 @@ from configs import gemma3
 from configs import gpt_oss
 from configs import llama2
 from configs import llama3
+from configs import llama4
 from configs import mistral
 from configs import mixtral
 from configs import olmo3
@@ -25,14 +26,15 @@ from maxtext.common.model_config import ModelConfig
 CONFIG_MODULES = {
     "deepseek2": deepseek2, "deepseek3": deepseek3, "gemma": gemma, "gemma2": gemma2,
     "gemma3": gemma3, "gpt_oss": gpt_oss, "llama2": llama2, "llama3": llama3,
-    "mistral": mistral, "mixtral": mixtral, "olmo3": olmo3,
+    "llama4": llama4,    "mistral": mistral, "mixtral": mixtral, "olmo3": olmo3,
     "qwen2_5": qwen2_5, "qwen3": qwen3, "qwen3_moe": qwen3_moe,
 }
 
 
 def tiny_model_config(family: str, *, window: int,
                       **changes) -> ModelConfig:
-  """`family`'s small config shrunk; a sliding window (if any) of `window`."""
+  """`family`'s small config shrunk; a sliding window or attention chunk
+  (if any) of `window`."""
   model = CONFIG_MODULES[family].get_config().model
   model.update(vocab_size=64, num_layers=3, embed_dim=32, mlp_dim=48,
                num_heads=4, num_kv_heads=2, head_dim=8)
@@ -44,4 +46,6 @@ def tiny_model_config(family: str, *, window: int,
   model.update(changes)
   if model.sliding_window:
     model.sliding_window = window
+  if model.attention_chunk_size:
+    model.attention_chunk_size = window
   return ModelConfig.from_dict(model)

@@ -27,6 +27,10 @@ CASES = (
                               "--config.data.seq_len=4096")),
     ("deepseek2.py:lite", "v5p-8", ("--config.train.batch_size=8",
                                     "--config.data.seq_len=4096")),
+    # 108B parameters: float32 weights, gradients and Adam's two moments
+    # (1.7 TB) over 32 chips; one row of a whole chunk per chip.
+    ("llama4.py:scout", "v5p-64", ("--config.train.batch_size=32",
+                                   "--config.data.seq_len=8192")),
 )
 
 

@@ -64,15 +64,10 @@ class Olmo3HuggingFaceTest(parameterized.TestCase):
     """bfloat16 activations (float32 parameters): within 3% of the largest
     logit of transformers' float32 model."""
     with torch.no_grad():
-      want = self.hf_model(torch.tensor(_TOKENS)).logits.numpy()
-    model = registry.create_model(self.cfg.replace(dtype="bfloat16"),
-                                  rngs=nnx.Rngs(0))
-    hf_weights.load_hf_weights(model, self.state)
-    got = np.asarray(nnx.jit(lambda m, t: m(t))(model, jnp.asarray(_TOKENS)))
-    diff = float(np.abs(got - want).max())
-    print(f"olmo3 bfloat16: max |logit diff| = {diff:.3g} (max |logit| "
-          f"{np.abs(want).max():.3g})")
-    self.assertLessEqual(diff, 0.03 * np.abs(want).max())
+      scale = float(self.hf_model(torch.tensor(_TOKENS)).logits.abs().max())
+    diff = hf_reference.max_logit_diff(self.hf_model, self.cfg, _TOKENS,
+                                       dtype="bfloat16")
+    self.assertLessEqual(diff, 0.03 * scale)
 
   def _logits(self, cfg, state):
     model = registry.create_model(cfg, rngs=nnx.Rngs(0))

@@ -28,6 +28,7 @@ from maxtext.models import gemma3
 from maxtext.models import gpt_oss
 from maxtext.models import llama2
 from maxtext.models import llama3
+from maxtext.models import llama4
 from maxtext.models import mistral
 from maxtext.models import mixtral
 from maxtext.models import olmo3
@@ -44,6 +45,7 @@ FAMILIES: dict[str, types.ModuleType] = {
     "gpt_oss": gpt_oss,
     "llama2": llama2,
     "llama3": llama3,
+    "llama4": llama4,
     "mistral": mistral,
     "mixtral": mixtral,
     "olmo3": olmo3,
@@ -63,6 +65,7 @@ HF_MODEL_TYPES: dict[str, str] = {
     "gemma3_text": "gemma3",
     "gpt_oss": "gpt_oss",
     "llama": "llama3",
+    "llama4_text": "llama4",
     "mistral": "mistral",
     "mixtral": "mixtral",
     "olmo3": "olmo3",

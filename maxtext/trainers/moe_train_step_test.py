@@ -329,6 +329,22 @@ class ExpertParallelismTest(parameterized.TestCase):
                       if shape in full_shapes or shape[:1] == (128,)], [])
 
 
+  def test_llama4_sharded_equals_single_device(self):
+    """Llama 4's layers (chunked and NoPE attention, experts on their
+    inputs plus a shared expert, dense layers between) over fsdp, tensor
+    and expert: one step equals one device's."""
+    changes = dict(family="llama4", num_layers=4, moe_layer_interval=2)
+    single = _state({"data": 1}, jax.devices()[:1], **changes)
+    want = _loss_grads_and_params(single, _batch(single))
+    state = _state({"data": 1, "fsdp": 2, "tensor": 2, "expert": 2},
+                   jax.devices(), **changes)
+    self.assertEqual(
+        state.params["blocks"]["moe"]["gate_up"].sharding.spec[1], "expert")
+    got = _loss_grads_and_params(state, _batch(state))
+    np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=_RTOL)
+    _assert_trees_close(got[1], want[1])
+    _assert_trees_close(got[2], want[2])
+
   def test_token_exchange_with_expert_biases(self):
     # GPT-OSS's per-expert biases, fused gate_up, 8 experts over expert=8:
     # the layer's output and gradients equal those without expert parallel.

@@ -1,0 +1,185 @@
+"""Llama 4 (text): what differs from the generic decoder.
+
+Architecture (`ARCHITECTURE` below; sizes in `configs/llama4.py`): pre-norm
+blocks whose layers alternate between
+- chunked layers: interleaved ("complex") rotary with Llama 3's frequency
+  scaling, a weightless RMS norm of queries and keys after it
+  (`qk_l2_norm`, Scout; not Maverick), attention within aligned chunks of
+  `attention_chunk_size` positions;
+- every `global_layer_interval`-th layer a NoPE layer: no rotary, full
+  causal attention, queries scaled up with the position (attention
+  temperature tuning).
+MoE layers (every one in Scout, every second in Maverick:
+`moe_layer_interval`) route each token to its top-k experts by logit with
+the sigmoid of that logit as its weight, which scales the expert's input
+(`router_weights_on_input`), plus one shared expert; the other layers have
+a dense MLP of their own width (`mlp_dim`, Hugging Face's
+intermediate_size_mlp; the experts' is intermediate_size).
+
+This module maps Hugging Face's `Llama4TextConfig` / `Llama4ForCausalLM`
+checkpoints onto that model: experts as fused tensors
+`feed_forward.experts.gate_up_proj` [E, D, 2F] (gate, then up) and
+`feed_forward.experts.down_proj` [E, F, D], the router
+`feed_forward.router`, the shared expert `feed_forward.shared_expert` and a
+dense layer's MLP `feed_forward.{gate,up,down}_proj`.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from maxtext.common.model_config import ModelConfig
+from maxtext.models import decoder
+from maxtext.models import hf_params
+
+MODEL_CLASS = decoder.Decoder
+
+
+def _linear(path: tuple[str, ...], hf_suffix: str) -> hf_params.ParamMap:
+  return hf_params.ParamMap(path, "model.layers.{layer}." + hf_suffix,
+                            in_ndim=1)
+
+
+HF_PARAMS = hf_params.COMMON_PARAMS
+HF_BLOCK_PARAMS = tuple(
+    e for e in hf_params.COMMON_BLOCK_PARAMS if e.path[0] != "mlp") + (
+        hf_params.PRE_MLP_NORM,
+        _linear(("moe", "router", "kernel"), "feed_forward.router.weight"),
+        hf_params.block_param(("moe", "gate_up"),
+                              "feed_forward.experts.gate_up_proj",
+                              halves=True),
+        hf_params.block_param(("moe", "down"),
+                              "feed_forward.experts.down_proj"),
+    ) + tuple(
+        _linear(("moe", "shared", name, "kernel"),
+                f"feed_forward.shared_expert.{name}_proj.weight")
+        for name in ("gate", "up", "down")) + tuple(
+            _linear(("mlp", name, "kernel"),
+                    f"feed_forward.{name}_proj.weight")
+            for name in ("gate", "up", "down"))
+
+HF_MODEL_TYPE = "llama4_text"
+HF_ARCHITECTURE = "Llama4ForCausalLM"
+
+# The model fields this family fixes, whatever a checkpoint's config says:
+# the one statement of its architecture (configs/llama4.py holds sizes).
+ARCHITECTURE = {
+    "mlp_activation": "silu", "rope_interleaved": True,
+    # Chunked layers use the one (scaled) rotary; global layers none.
+    "rope_local_theta": None, "rope_global_nope": True,
+    "router_score": "sigmoid", "router_normalize": False,
+    "router_weights_on_input": True, "num_shared_experts": 1,
+    "expert_gate_up_fused": True,
+}
+
+
+def _interval(flags: Sequence[bool], what: str, key: str) -> int:
+  """N when `flags` is True exactly at layers N-1, 2N-1, ... (0: never)."""
+  flags = [bool(flag) for flag in flags]
+  if not any(flags):
+    return 0
+  interval = flags.index(True) + 1
+  if flags != [(i + 1) % interval == 0 for i in range(len(flags))]:
+    raise ValueError(f"Llama 4 {key}={flags} is not one {what} every N "
+                     "layers; other patterns are not supported.")
+  return interval
+
+
+def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
+  """`ModelConfig` of a Hugging Face Llama 4 text config.
+
+  Args:
+    hf_config: `Llama4TextConfig.to_dict()`, a Llama 4 text `config.json`,
+      or the `text_config` of a Llama 4 multimodal one (legacy rope keys
+      understood). Its no_rope_layers (absent: a NoPE layer every
+      no_rope_layer_interval) give the chunked/NoPE pattern, its moe_layers
+      (absent: every interleave_moe_layer_step-th) the expert layers; its
+      router_aux_loss_coef becomes `load_balance_loss_weight`.
+
+  Raises:
+    ValueError: attention biases, an activation other than SiLU, no
+      experts, NoPE or expert layers that are not one every N, layer_types
+      that disagree with no_rope_layers, or rotary layers without an
+      attention_chunk_size.
+  """
+  hf = hf_config
+  if hf.get("attention_bias"):
+    raise ValueError("Llama 4 attention_bias=True is not supported.")
+  if hf.get("hidden_act", "silu") != "silu":
+    raise ValueError(f"Unsupported Llama 4 hidden_act {hf['hidden_act']!r};"
+                     " supported: 'silu'.")
+  layers = hf["num_hidden_layers"]
+  if not hf.get("num_local_experts"):
+    raise ValueError(f"Llama 4 num_local_experts="
+                     f"{hf.get('num_local_experts')!r}: a Llama 4 model has "
+                     "experts (a positive count).")
+  rope_layers = hf.get("no_rope_layers") or [
+      int((i + 1) % hf.get("no_rope_layer_interval", 4) != 0)
+      for i in range(layers)]
+  expected_types = ["chunked_attention" if rope else "full_attention"
+                    for rope in rope_layers]
+  if hf.get("layer_types") and list(hf["layer_types"]) != expected_types:
+    raise ValueError(f"Llama 4 layer_types {hf['layer_types']} disagree with"
+                     f" no_rope_layers {rope_layers} (a rotary layer is "
+                     "chunked, a NoPE layer full attention).")
+  nope_interval = _interval([not rope for rope in rope_layers],
+                            "NoPE layer", "no_rope_layers")
+  chunk = hf.get("attention_chunk_size") or 0
+  if nope_interval != 1 and not chunk:
+    raise ValueError(f"Llama 4 attention_chunk_size={chunk or None}: "
+                     "rotary layers attend within chunks, so give a positive "
+                     "size.")
+  step = hf.get("interleave_moe_layer_step") or 1
+  moe_layers = hf.get("moe_layers")
+  moe_interval = step if moe_layers is None else _interval(
+      [i in moe_layers for i in range(layers)], "expert layer", "moe_layers")
+  fields = hf_params.decoder_fields(hf, tie_embeddings_default=False)
+  tuning = hf.get("attn_temperature_tuning", True) and nope_interval > 0
+  return ModelConfig.from_dict(dict(
+      fields,
+      family="llama4",
+      **ARCHITECTURE,
+      mlp_dim=hf.get("intermediate_size_mlp") or fields["mlp_dim"],
+      moe_mlp_dim=hf["intermediate_size"],
+      num_experts=hf["num_local_experts"],
+      num_experts_per_token=hf.get("num_experts_per_tok", 1),
+      moe_layer_interval=moe_interval,
+      attention_chunk_size=chunk if nope_interval != 1 else 0,
+      global_layer_interval=nope_interval if nope_interval != 1 else 1,
+      qk_l2_norm=bool(hf.get("use_qk_norm", True)),
+      attn_temperature_scale=float(hf.get("attn_scale", 0.1)) if tuning
+      else 0.0,
+      attn_temperature_floor_scale=int(hf.get("floor_scale", 8192)),
+      load_balance_loss_weight=float(hf.get("router_aux_loss_coef") or 0.0),
+  ))
+
+
+def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
+  """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`).
+
+  Raises:
+    ValueError: `cfg` has sliding windows (Llama 4 has chunks).
+  """
+  if cfg.pattern.sliding_window:
+    raise ValueError(f"Llama 4 has no sliding windows (sliding_window="
+                     f"{cfg.pattern.sliding_window}); use "
+                     "attention_chunk_size.")
+  rope_layers = [int(chunk is not None)
+                 for chunk in cfg.pattern.chunks(cfg.num_layers)]
+  return dict(
+      hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
+                                  architecture=HF_ARCHITECTURE),
+      intermediate_size=cfg.moe.mlp_dim, intermediate_size_mlp=cfg.mlp.dim,
+      hidden_act="silu", attention_bias=False,
+      num_local_experts=cfg.moe.num_experts,
+      num_experts_per_tok=cfg.moe.num_experts_per_token,
+      interleave_moe_layer_step=cfg.pattern.moe_layer_interval,
+      moe_layers=[i for i in range(cfg.num_layers) if cfg.moe_layer(i)],
+      no_rope_layers=rope_layers,
+      layer_types=["chunked_attention" if rope else "full_attention"
+                   for rope in rope_layers],
+      attention_chunk_size=cfg.pattern.attention_chunk_size or None,
+      use_qk_norm=cfg.attention.qk_l2_norm,
+      attn_temperature_tuning=cfg.attention.temperature_scale > 0,
+      attn_scale=cfg.attention.temperature_scale or 0.1,
+      floor_scale=cfg.attention.temperature_floor_scale,
+      router_aux_loss_coef=cfg.moe.load_balance_loss_weight)
