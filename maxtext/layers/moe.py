@@ -371,11 +371,16 @@ class MoE(nnx.Module):
     if cfg.impl == "dropless":
       rules = moe_experts.expert_parallel_rules(cfg.num_experts,
                                                 x_TD.shape[0])
-      if rules is None:
-        y_TD = moe_experts.dropless_experts(x_TD, routing, weights)
-      else:
+      token_rules = (None if rules is not None else
+                     moe_experts.token_parallel_rules(weights, x_TD.shape[0]))
+      if rules is not None:
         y_TD = moe_experts.expert_parallel_dropless(x_TD, routing, weights,
                                                     rules)
+      elif token_rules is not None:
+        y_TD = moe_experts.token_parallel_dropless(x_TD, routing, weights,
+                                                   token_rules)
+      else:
+        y_TD = moe_experts.dropless_experts(x_TD, routing, weights)
     elif cfg.impl == "capacity":
       y_TD, dropped = moe_experts.capacity_experts(
           x_TD, routing, weights, cfg.capacity(x_TD.shape[0]))

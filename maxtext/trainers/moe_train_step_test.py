@@ -329,6 +329,23 @@ class ExpertParallelismTest(parameterized.TestCase):
                       if shape in full_shapes or shape[:1] == (128,)], [])
 
 
+  def test_fsdp_dropless_runs_each_shards_own_tokens(self):
+    """FSDP without expert parallelism: each shard runs the dropless
+    experts on its own 8 tokens (16 assignments), so no buffer holds the
+    batch's 128 assignments, and the step equals one device's."""
+    single = _state({"data": 1}, jax.devices()[:1], moe_impl="dropless")
+    want = _loss_grads_and_params(single, _batch(single))
+    state = _state({"data": 1, "fsdp": 8}, jax.devices(),
+                   moe_impl="dropless")
+    batch = _batch(state)
+    got = _loss_grads_and_params(state, batch)
+    np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=_RTOL)
+    _assert_trees_close(got[1], want[1])
+    _assert_trees_close(got[2], want[2])
+    hlo = _loss_grads_and_params.lower(state, batch).compile().as_text()
+    self.assertRegex(hlo, r"f32\[16,32\]")
+    self.assertNotRegex(hlo, r"f32\[128,32\]")
+
   def test_llama4_sharded_equals_single_device(self):
     """Llama 4's layers (chunked and NoPE attention, experts on their
     inputs plus a shared expert, dense layers between) over fsdp, tensor
