@@ -76,9 +76,13 @@ class AotCompileTest(absltest.TestCase):
         r" \d+\.\d\d GiB per device on cpu:8, .* more than the \d+\.\d\d GiB"
         r" of host memory / 8\. Shard the state")
 
-  def test_save_writes_the_step_and_its_fingerprint(self):
+  def test_save_writes_the_step_that_train_runs(self):
+    """`--save` writes the step and its fingerprint; `train --compiled`
+    runs it bit for bit like its own jit and refuses another config."""
     path = os.path.join(self.create_tempdir().full_path, "step.aot")
-    result = _run("--topology=cpu:8", f"--save={path}")
+    train = ["--config.train.steps=3", "--config.checkpoint.every_steps=0",
+             "--config.logging.every_steps=1"]
+    result = _run("--topology=cpu:8", f"--save={path}", *train)
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertIn("Train step on cpu:8: 8 x cpu,", result.stdout)
     self.assertIn(f"Saved the compiled step to {path}.", result.stdout)
@@ -87,13 +91,6 @@ class AotCompileTest(absltest.TestCase):
       self.assertGreater(len(archive.read("executable.bin")), 0)
     self.assertEqual(saved["topology"]["num_devices"], 8)
     self.assertEqual(saved["config"]["model"]["num_layers"], 1)
-
-  def test_train_runs_the_saved_step_and_refuses_another_config(self):
-    path = os.path.join(self.create_tempdir().full_path, "step.aot")
-    train = ["--config.train.steps=3", "--config.checkpoint.every_steps=0",
-             "--config.logging.every_steps=1"]
-    result = _run("--topology=cpu:8", f"--save={path}", *train)
-    self.assertEqual(result.returncode, 0, result.stderr)
     losses = []
     for extra in ([], [f"--compiled={path}"]):
       workdir = self.create_tempdir().full_path
