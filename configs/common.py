@@ -66,6 +66,14 @@ def model_defaults() -> ml_collections.ConfigDict:
       global_layer_interval=1,
       global_head_dim=0,  # A global layer's own head size (0: head_dim).
       global_num_kv_heads=0,  # Its own kv heads (0: num_kv_heads).
+      # Gemma 4: no value projection (values = the keys' projection) on all
+      # or only global layers; a weightless RMS norm of the values.
+      attention_k_eq_v=False,
+      attention_global_k_eq_v=False,
+      attention_value_norm=False,
+      # Global layers rotate this fraction of their pairs (Gemma 4).
+      rope_global_fraction=1.0,
+      layer_scalar=False,  # A learned scalar multiplies each block's output.
       # None: queries are scaled by head_dim**-0.5.
       query_pre_attn_scalar=ml_collections.FieldReference(None, float),
       attn_logit_softcap=0.0,

@@ -71,6 +71,16 @@ FAMILIES = {
                         "sliding_attention", "sliding_attention",
                         "full_attention"],
                     rope_scaling=dict(rope_type="linear", factor=8.0)), 0.0),
+    # Two local layers (window 5) then a global one whose heads are twice
+    # as wide, with one kv head and values equal to keys, rotating a quarter
+    # of its pairs; soft-capped logits.
+    "gemma4": (transformers.Gemma4TextConfig, transformers.Gemma4ForCausalLM,
+               dict(num_hidden_layers=3, head_dim=16, global_head_dim=32,
+                    num_global_key_value_heads=1, attention_k_eq_v=True,
+                    sliding_window=5, hidden_size_per_layer_input=0,
+                    final_logit_softcapping=3.0, attn_implementation="eager",
+                    layer_types=["sliding_attention", "sliding_attention",
+                                 "full_attention"]), 1.0),
     "qwen2_5": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
                 dict(tie_word_embeddings=True), 1.0),
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
@@ -132,6 +142,10 @@ def tiny_hf_model(family: str, seed: int = 0,
   model = with_fixes(hf_reference.random_hf_model(
       model_class, config_class(**{**SIZES, **changes, **config_changes}),
       norm_mean=norm_mean, seed=seed))
+  with torch.no_grad():  # Gemma 4's per-layer scalars: checkpoint buffers.
+    for module in model.modules():
+      if isinstance(getattr(module, "layer_scalar", None), torch.Tensor):
+        module.layer_scalar.uniform_(0.5, 1.5)
   model.generation_config.eos_token_id = None
   model.generation_config.pad_token_id = 0
   return model

@@ -10,6 +10,7 @@ from configs import deepseek3
 from configs import gemma
 from configs import gemma2
 from configs import gemma3
+from configs import gemma4
 from configs import gpt_oss
 from configs import llama2
 from configs import llama3
@@ -25,7 +26,7 @@ from maxtext.common.model_config import ModelConfig
 # family -> its config module (`configs/<family>.py`).
 CONFIG_MODULES = {
     "deepseek2": deepseek2, "deepseek3": deepseek3, "gemma": gemma, "gemma2": gemma2,
-    "gemma3": gemma3, "gpt_oss": gpt_oss, "llama2": llama2, "llama3": llama3,
+    "gemma3": gemma3, "gemma4": gemma4, "gpt_oss": gpt_oss, "llama2": llama2, "llama3": llama3,
     "llama4": llama4,    "mistral": mistral, "mixtral": mixtral, "olmo3": olmo3,
     "qwen2_5": qwen2_5, "qwen3": qwen3, "qwen3_moe": qwen3_moe,
 }
@@ -40,6 +41,10 @@ def tiny_model_config(family: str, *, window: int,
                num_heads=4, num_kv_heads=2, head_dim=8)
   if model.num_experts:
     model.moe_mlp_dim = 16
+  if model.global_head_dim:  # Global layers' heads still wider (Gemma 4).
+    model.global_head_dim = 16
+  if model.global_num_kv_heads:
+    model.global_num_kv_heads = 1
   if model.attention_type == "mla":  # Per-head keys and values.
     model.update(num_kv_heads=4, q_lora_rank=16, kv_lora_rank=16,
                  qk_nope_head_dim=8, v_head_dim=8)

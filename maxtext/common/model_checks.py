@@ -74,6 +74,10 @@ def check_mla(self) -> None:
   for name, value in (
       ("qk_norm", attention.qk_norm), ("qkv_bias", attention.qkv_bias),
       ("qk_l2_norm", attention.qk_l2_norm),
+      ("attention_k_eq_v", attention.k_eq_v),
+      ("attention_value_norm", attention.value_norm),
+      ("rope_global_fraction", (self.rope.global_fraction
+                                if self.rope.global_fraction != 1.0 else 0)),
       ("attn_temperature_scale", attention.temperature_scale),
       ("rope_global_nope", self.rope.global_nope),
       ("rope_interleaved", self.rope.interleaved),

@@ -106,6 +106,9 @@ class ModelConfig:
     scale_embeddings: Multiply token embeddings by sqrt(embed_dim).
     final_logit_softcap: The output logits become `c * tanh(logits / c)`;
       0 is off.
+    layer_scalar: Each block multiplies its output, the whole residual
+      stream, by a scalar parameter of its own (Gemma 4's layer_scalar;
+      initialised to 1).
   """
 
   # Keys moved to other sections (`sections.build_section` names them).
@@ -134,6 +137,7 @@ class ModelConfig:
   post_norms: bool = False
   scale_embeddings: bool = False
   final_logit_softcap: float = 0.0
+  layer_scalar: bool = False
 
   @classmethod
   def _flat_fields(cls) -> Iterator[tuple[str, Any, dataclasses.Field]]:
@@ -218,7 +222,7 @@ class ModelConfig:
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         _fail(name, value, "must be a positive integer")
     for name in ("tie_embeddings", "scan_layers", "pre_norms", "post_norms",
-                 "scale_embeddings"):
+                 "scale_embeddings", "layer_scalar"):
       if not isinstance(getattr(self, name), bool):
         _fail(name, getattr(self, name), "must be True or False")
     for name in ("dtype", "param_dtype"):

@@ -1,8 +1,8 @@
 """Generation with a paged KV cache equals generation with the dense one.
 
 Our own small models (windows of 3): Llama 3 (GQA), Gemma 2 (sliding
-windows, attention logit soft-cap), GPT-OSS (sinks, windows) and Llama 4
-(chunks of 3, NoPE), rows of
+windows, attention logit soft-cap), GPT-OSS (sinks, windows), Llama 4
+(chunks of 3, NoPE) and Gemma 4 (wider global heads, values equal to keys), rows of
 different prompt lengths over several pages: the same greedy tokens, log-
 probs within 1e-5. The paged attention implementations ("jax", "reference")
 give the same generation; a pool smaller than every row's full length serves
@@ -37,7 +37,8 @@ class PagedGenerateTest(parameterized.TestCase):
     for got_row, want_row in zip(got_logprobs, want_logprobs):
       np.testing.assert_allclose(got_row, want_row, atol=1e-5, rtol=0)
 
-  @parameterized.parameters("llama3", "gemma2", "gpt_oss", "llama4")
+  @parameterized.parameters("llama3", "gemma2", "gpt_oss", "llama4",
+                            "gemma4")
   def test_paged_equals_dense(self, family):
     model = _model(family)
     dense = generate.generate_with_logprobs(model, _PROMPTS,

@@ -73,6 +73,12 @@ class AttentionConfig:
       their own (`maxtext.common.layer_pattern`).
     global_num_kv_heads: A global layer's key/value heads when they differ
       from `num_kv_heads`; 0: `num_kv_heads`.
+    k_eq_v: The layer has no value projection: its values are the key
+      projection's output (before the key norm and rotary).
+    global_k_eq_v: `k_eq_v` on global layers only (Gemma 4's
+      attention_k_eq_v), which then are a layer kind of their own.
+    value_norm: Values are divided by their root mean square over each head
+      (no scale; `norm_eps`; Gemma 4).
     qk_l2_norm: After rotary, queries and keys are divided by their root
       mean square over each head (no scale; `norm_eps`); layers without
       rotary skip it (Llama 4's use_qk_norm).
@@ -92,6 +98,9 @@ class AttentionConfig:
       "logit_softcap": "attn_logit_softcap",
       "global_head_dim": "global_head_dim",
       "global_num_kv_heads": "global_num_kv_heads",
+      "k_eq_v": "attention_k_eq_v",
+      "global_k_eq_v": "attention_global_k_eq_v",
+      "value_norm": "attention_value_norm",
       "qk_l2_norm": "qk_l2_norm",
       "temperature_scale": "attn_temperature_scale",
       "temperature_floor_scale": "attn_temperature_floor_scale",
@@ -110,6 +119,9 @@ class AttentionConfig:
   logit_softcap: float = 0.0
   global_head_dim: int = 0
   global_num_kv_heads: int = 0
+  k_eq_v: bool = False
+  global_k_eq_v: bool = False
+  value_norm: bool = False
   qk_l2_norm: bool = False
   temperature_scale: float = 0.0
   temperature_floor_scale: int = 8192
@@ -129,7 +141,7 @@ class AttentionConfig:
     if self.head_dim % 2:
       fail("head_dim", "must be even (rotary embeddings)")
     for name in ("qk_norm", "qkv_bias", "output_bias", "sinks",
-                 "qk_l2_norm"):
+                 "qk_l2_norm", "k_eq_v", "global_k_eq_v", "value_norm"):
       if not isinstance(getattr(self, name), bool):
         fail(name, "must be True or False")
     if self.qk_norm_over not in QK_NORM_SPANS:
@@ -159,16 +171,19 @@ class AttentionConfig:
            " use 0")
 
   def global_sizes_key(self) -> str | None:
-    """The field setting global layers' own sizes, if any is set."""
+    """The field setting global layers' attention apart, if any is set."""
     return ("global_head_dim" if self.global_head_dim else
-            "global_num_kv_heads" if self.global_num_kv_heads else None)
+            "global_num_kv_heads" if self.global_num_kv_heads else
+            "global_k_eq_v" if self.global_k_eq_v else None)
 
   def global_sizes(self) -> "AttentionConfig":
-    """The attention of a global layer: its own sizes in place of these."""
+    """The attention of a global layer: its own sizes (and `k_eq_v`) in
+    place of these."""
     return dataclasses.replace(
         self, head_dim=self.global_head_dim or self.head_dim,
         num_kv_heads=self.global_num_kv_heads or self.num_kv_heads,
-        global_head_dim=0, global_num_kv_heads=0)
+        k_eq_v=self.k_eq_v or self.global_k_eq_v,
+        global_head_dim=0, global_num_kv_heads=0, global_k_eq_v=False)
 
   def temperature(self, positions_BL: jax.Array) -> jax.Array:
     """Multiplier [B, L, 1, 1] (float32) of the queries of a layer without
@@ -185,8 +200,9 @@ class AttentionConfig:
 
 
 class Attention(nnx.Module):
-  """q/k/v projections -> (q/k norm) -> rotary (then q/k L2 norm) or
-  temperature -> causal attention -> output.
+  """q/k/v projections (values: the keys' projection with `cfg.k_eq_v`;
+  then their weightless norm with `cfg.value_norm`) -> (q/k norm) -> rotary
+  (then q/k L2 norm) or temperature -> causal attention -> output.
 
   With `cfg.qkv_bias` the q/k/v projections add a bias, with
   `cfg.output_bias` the output projection; with `cfg.sinks` each query
@@ -210,8 +226,9 @@ class Attention(nnx.Module):
                          (axes.HEADS, axes.HEAD_DIM), cfg.qkv_bias)
     self.key = project((embed_dim,), kv_heads, (axes.EMBED,),
                        (axes.KV_HEADS, axes.HEAD_DIM), cfg.qkv_bias)
-    self.value = project((embed_dim,), kv_heads, (axes.EMBED,),
-                         (axes.KV_HEADS, axes.HEAD_DIM), cfg.qkv_bias)
+    self.value = (None if cfg.k_eq_v else
+                  project((embed_dim,), kv_heads, (axes.EMBED,),
+                          (axes.KV_HEADS, axes.HEAD_DIM), cfg.qkv_bias))
     self.output = project(heads, (embed_dim,), (axes.HEADS, axes.HEAD_DIM),
                           (axes.EMBED,), cfg.output_bias)
     self.sinks = (axes.param(jnp.zeros((cfg.num_heads,),
@@ -235,6 +252,7 @@ class Attention(nnx.Module):
     self.scale = cfg.query_scale(cfg.head_dim)
     self.logit_softcap = cfg.logit_softcap
     self.l2_norm_eps = norm_config.eps if cfg.qk_l2_norm else None
+    self.value_norm_eps = norm_config.eps if cfg.value_norm else None
     self.temperature_config = cfg if cfg.temperature_scale else None
 
   def __call__(
@@ -268,7 +286,11 @@ class Attention(nnx.Module):
                 axes.KV_HEADS, axes.HEAD_DIM)
     q_BLHK = checkpoint_name(self.query(x_BLD), "query_proj")
     k_BLGK = checkpoint_name(self.key(x_BLD), "key_proj")
-    v_BLGK = checkpoint_name(self.value(x_BLD), "value_proj")
+    v_BLGK = (k_BLGK if self.value is None else
+              checkpoint_name(self.value(x_BLD), "value_proj"))
+    if self.value_norm_eps is not None:
+      v_BLGK = norm.normalize(v_BLGK, self.value_norm_eps).astype(
+          v_BLGK.dtype)
     if self.query_norm is not None:
       q_BLHK = self.query_norm(q_BLHK)
       k_BLGK = self.key_norm(k_BLGK)

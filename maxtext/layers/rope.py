@@ -8,7 +8,10 @@ a smooth blend in between) and "yarn" (the same idea with the blend set by
 rotation counts `beta_fast`/`beta_slow`, plus an attention factor that
 multiplies the cosines and sines; DeepSeek-V3, GPT-OSS). Local (sliding window) layers use plain rotary
 embeddings with their own base; global layers use the configured scaling,
-or none at all (`global_nope`: Llama 4's NoPE layers).
+or none at all (`global_nope`: Llama 4's NoPE layers), or on a fraction of
+their dimensions only (`global_fraction`: Gemma 4's "proportional" rotary,
+whose frequencies are those of the whole head, the pairs past the fraction
+not rotating).
 
 Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
@@ -151,6 +154,10 @@ class RopeConfig:
       (Llama 4's complex rotary).
     global_nope: Global layers have no rotary at all (Llama 4's NoPE
       layers); local ones keep theirs.
+    global_fraction: Global layers rotate only their first
+      floor(fraction * K / 2) pairs, at the frequencies of a K-wide head;
+      the other pairs keep frequency 0 (Gemma 4's "proportional" rotary
+      with its partial_rotary_factor); 1.0: every pair.
   """
 
   KEYS: ClassVar[dict[str, str]] = {
@@ -165,6 +172,7 @@ class RopeConfig:
       "yarn_mscale": "rope_yarn_mscale",
       "yarn_mscale_all_dim": "rope_yarn_mscale_all_dim",
       "interleaved": "rope_interleaved", "global_nope": "rope_global_nope",
+      "global_fraction": "rope_global_fraction",
   }
 
   theta: float = 10_000.0
@@ -181,6 +189,7 @@ class RopeConfig:
   yarn_mscale_all_dim: float = 0.0
   interleaved: bool = False
   global_nope: bool = False
+  global_fraction: float = 1.0
 
   def __post_init__(self):
     def fail(field, valid):
@@ -212,14 +221,19 @@ class RopeConfig:
            f" ({self.yarn_beta_slow}) <= rope_yarn_beta_fast")
     if self.original_max_length < 1:
       fail("original_max_length", "must be a positive integer")
+    if not 0 < self.global_fraction <= 1:
+      fail("global_fraction", "must be in (0, 1] (1.0: every dimension "
+           "rotates)")
 
   def global_inverse_frequencies(self, head_dim: int) -> np.ndarray:
-    """Frequencies of global layers: base `theta` with the scaling."""
-    return inverse_frequencies(head_dim, self.theta, self.scaling,
-                               self.scaling_factor, self.low_freq_factor,
-                               self.high_freq_factor, self.original_max_length,
-                               self.yarn_beta_fast, self.yarn_beta_slow,
-                               self.yarn_truncate)
+    """Frequencies of global layers: base `theta` with the scaling, 0
+    past `global_fraction` of the pairs."""
+    inv_freq = inverse_frequencies(
+        head_dim, self.theta, self.scaling, self.scaling_factor,
+        self.low_freq_factor, self.high_freq_factor, self.original_max_length,
+        self.yarn_beta_fast, self.yarn_beta_slow, self.yarn_truncate)
+    rotated = int(self.global_fraction * head_dim // 2)
+    return np.where(np.arange(head_dim // 2) < rotated, inv_freq, 0.0)
 
   def global_attention_factor(self) -> float:
     """`Rotary` scale of global layers (YaRN's attention factor, else 1)."""

@@ -64,8 +64,10 @@ def matmul_params(cfg: ModelConfig) -> int:
 def attention_params(cfg: ModelConfig) -> int:
   """Matmul parameters of one layer's attention (projections only)."""
   if cfg.attention.type != "mla":
+    # Values are the keys' projection with k_eq_v (Gemma 4's global layers).
+    kv = 1 if cfg.attention.k_eq_v else 2
     return cfg.embed_dim * cfg.attention.head_dim * (
-        2 * cfg.attention.num_heads + 2 * cfg.attention.num_kv_heads)
+        2 * cfg.attention.num_heads + kv * cfg.attention.num_kv_heads)
   heads = cfg.attention.num_heads
   qk_dim = cfg.mla.qk_nope_head_dim + cfg.attention.head_dim
   if cfg.mla.q_lora_rank:

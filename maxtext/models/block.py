@@ -7,6 +7,7 @@ Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from maxtext.common import axes
@@ -43,7 +44,8 @@ def make_attention(cfg: ModelConfig, *, kernel: dispatch.Kernel,
 
 class Block(nnx.Module):
   """Residual block: attention then gated MLP or experts, each with a
-  pre-norm, a post-norm or both, as layer kind `kind` has them."""
+  pre-norm, a post-norm or both, as layer kind `kind` has them; with
+  `cfg.layer_scalar` its output times its `scalar` [1]."""
 
   def __init__(self, cfg: ModelConfig, kind: layer_pattern.LayerKind, *,
                kernel: dispatch.Kernel, rngs: nnx.Rngs):
@@ -59,6 +61,8 @@ class Block(nnx.Module):
     self.moe = (moe.MoE(cfg.moe, activation=cfg.mlp.activation, **widths)
                 if experts else None)
     self.post_mlp_norm = embed_norm(cfg) if cfg.post_norms else None
+    self.scalar = (axes.param(jnp.ones((1,), cfg.param_dtype), (None,))
+                   if cfg.layer_scalar else None)
 
   def __call__(self, x_BLD: jax.Array, rotary: rope.Rotary | None, *,
                window: int | None, chunk: int | None = None,
@@ -83,7 +87,10 @@ class Block(nnx.Module):
       h_BLD, aux = self.moe(_norm(self.pre_mlp_norm, x_BLD))
     if self.post_mlp_norm is not None:
       h_BLD = self.post_mlp_norm(h_BLD)
-    return x_BLD + h_BLD, cache, aux
+    x_BLD = x_BLD + h_BLD
+    if self.scalar is not None:
+      x_BLD = x_BLD * self.scalar[...].astype(x_BLD.dtype)
+    return x_BLD, cache, aux
 
 
 def _norm(norm_layer: norm.RMSNorm | None, x_BLD: jax.Array) -> jax.Array:

@@ -25,6 +25,7 @@ from maxtext.models import execution as execution_lib
 from maxtext.models import gemma
 from maxtext.models import gemma2
 from maxtext.models import gemma3
+from maxtext.models import gemma4
 from maxtext.models import gpt_oss
 from maxtext.models import llama2
 from maxtext.models import llama3
@@ -42,6 +43,7 @@ FAMILIES: dict[str, types.ModuleType] = {
     "gemma": gemma,
     "gemma2": gemma2,
     "gemma3": gemma3,
+    "gemma4": gemma4,
     "gpt_oss": gpt_oss,
     "llama2": llama2,
     "llama3": llama3,
@@ -63,6 +65,8 @@ HF_MODEL_TYPES: dict[str, str] = {
     "gemma2": "gemma2",
     "gemma3": "gemma3",  # Multimodal (text decoder only).
     "gemma3_text": "gemma3",
+    "gemma4": "gemma4",  # Multimodal (text decoder only).
+    "gemma4_text": "gemma4",
     "gpt_oss": "gpt_oss",
     "llama": "llama3",
     "llama4_text": "llama4",
@@ -76,6 +80,7 @@ HF_MODEL_TYPES: dict[str, str] = {
 # Multimodal architectures whose text decoder is a family.
 HF_MULTIMODAL_ARCHITECTURES: dict[str, str] = {
     "Gemma3ForConditionalGeneration": "gemma3",
+    "Gemma4ForConditionalGeneration": "gemma4",
 }
 HF_ARCHITECTURES: dict[str, str] = {
     **{FAMILIES[family].HF_ARCHITECTURE: family

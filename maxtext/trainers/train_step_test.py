@@ -189,8 +189,9 @@ class TrainStepTest(parameterized.TestCase):
 
   # Gemma 3, and a tiny model of each family added since (their own
   # layers: OLMo 3's post-norms only and q/k norms over the projection,
-  # DeepSeek-V2's routing, Llama 4's chunks, NoPE and experts on inputs).
-  @parameterized.parameters(None, "olmo3", "deepseek2", "llama4")
+  # DeepSeek-V2's routing, Llama 4's chunks, NoPE and experts on inputs,
+  # Gemma 4's wider global heads whose values are their keys).
+  @parameterized.parameters(None, "olmo3", "deepseek2", "llama4", "gemma4")
   def test_loss_falls_on_a_repeated_batch(self, family):
     state = _state(model_config=family and tiny_configs.tiny_model_config(
         family, window=4))

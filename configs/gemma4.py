@@ -1,0 +1,47 @@
+"""Gemma 4 text decoder: a small model for CPU, and the published sizes.
+
+Five local (sliding window) layers per global one; global layers with wider
+heads, a quarter of their dimensions rotating, and (31b) no value
+projection: their values are their keys' projection
+(`maxtext.models.gemma4`).
+
+Train the small default (6 layers: 2 local + 1 global, twice) on a CPU in a
+few minutes:
+
+  tools/bazel run //maxtext/bin:train -- --config=configs/gemma4.py
+
+A published size (31b: google/gemma-4-31B, 30.70B parameters in its text
+decoder):
+
+  tools/bazel run //maxtext/bin:aot_compile -- --config=configs/gemma4.py:31b
+
+Values follow the `text_config` of the Hugging Face config of
+google/gemma-4-31B. e2b and e4b (per-layer input embeddings, KV shared
+across the last layers) and 26b-a4b (a MoE block next to the MLP) are not
+supported yet.
+"""
+
+import ml_collections
+
+from configs import common
+
+# Sizes of each variant; the rest of the architecture is shared.
+VARIANTS = {
+    "small": dict(vocab_size=32_000, num_layers=6, embed_dim=256,
+                  mlp_dim=1024, num_heads=4, num_kv_heads=2, head_dim=64,
+                  global_head_dim=128, global_num_kv_heads=1,
+                  sliding_window=128, global_layer_interval=3),
+    "31b": dict(),
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """Returns the config of variant `arg` (None means "small")."""
+  return common.family_config(
+      "gemma4", arg, VARIANTS, vocab_size=262_144, num_layers=60,
+      embed_dim=5376, mlp_dim=21_504, num_heads=32, num_kv_heads=16,
+      head_dim=256, global_head_dim=512, global_num_kv_heads=4,
+      attention_global_k_eq_v=True, sliding_window=1024,
+      global_layer_interval=6, final_logit_softcap=30.0,
+      rope_theta=1_000_000.0, rope_local_theta=10_000.0,
+      rope_global_fraction=0.25)

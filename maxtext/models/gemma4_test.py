@@ -1,0 +1,185 @@
+"""Gemma 4 (text): logits and weights equal Hugging Face's; what each feature
+does; the config mapping; parameter and FLOP counts."""
+
+import copy
+import math
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from configs import gemma4 as gemma4_config
+from maxtext.common import layer_pattern
+from maxtext.common.model_config import ModelConfig
+from maxtext.metrics import flops
+from maxtext.models import gemma4
+from maxtext.models import hf_weights
+from maxtext.models import registry
+from testing import hf_reference
+from testing import hf_tiny_models
+
+# 16 tokens: past the local layers' window of 5.
+_TOKENS = np.random.RandomState(0).randint(0, 128, size=(2, 16))
+_TOLERANCE = 1e-4
+
+
+def _parameter_count(layers=60, interval=6, vocab=262_144, embed=5376,
+                     mlp=21_504, heads=32, kv_heads=16, head_dim=256,
+                     global_kv_heads=4, global_head_dim=512):
+  """(parameters, matmul parameters) of a Gemma 4 dense text config with
+  values equal to keys on global layers, counted independently of our
+  model."""
+  local = embed * (2 * heads + 2 * kv_heads) * head_dim + 3 * embed * mlp
+  full = (embed * (2 * heads + global_kv_heads) * global_head_dim +
+          3 * embed * mlp)
+  num_global = layers // interval
+  matmuls = (layers - num_global) * local + num_global * full
+  # Four norms of embed, q and k norms of the head width, the scalar.
+  small = (layers * (4 * embed + 1) + (layers - num_global) * 2 * head_dim +
+           num_global * 2 * global_head_dim)
+  # Tied embedding (the head's matmul), the final norm.
+  return vocab * embed + matmuls + small + embed, matmuls + vocab * embed
+
+
+class Gemma4HuggingFaceTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.hf_model = hf_tiny_models.tiny_hf_model("gemma4")
+    cls.cfg = gemma4.model_config_from_hf(cls.hf_model.config.to_dict())
+    cls.state = hf_reference.state_dict(cls.hf_model)
+
+  def test_config_mapping(self):
+    cfg = self.cfg
+    self.assertEqual(cfg.layer_windows(), (5, 5, None))
+    self.assertEqual([layer.kind.name for layer in layer_pattern.layers(cfg)],
+                     ["blocks", "blocks", "global_blocks"])
+    local, full = (layer_pattern.kinds(cfg)[0].config(cfg).attention,
+                   layer_pattern.kinds(cfg)[1].config(cfg).attention)
+    self.assertEqual((local.head_dim, local.num_kv_heads, local.k_eq_v),
+                     (16, 2, False))
+    self.assertEqual((full.head_dim, full.num_kv_heads, full.k_eq_v),
+                     (32, 1, True))
+    self.assertEqual((cfg.rope.theta, cfg.rope.local_theta,
+                      cfg.rope.global_fraction), (1e6, 1e4, 0.25))
+    self.assertEqual(cfg.attention.query_scale(16), 1.0)
+    self.assertTrue(cfg.attention.value_norm and cfg.layer_scalar)
+    self.assertEqual((cfg.norm.offset, cfg.final_logit_softcap), (0.0, 3.0))
+
+  @parameterized.product(scan_layers=(True, False),
+                         attention_impl=("reference", "xla"))
+  def test_logits_match(self, scan_layers, attention_impl):
+    diff = hf_reference.max_logit_diff(self.hf_model, self.cfg, _TOKENS,
+                                       scan_layers=scan_layers,
+                                       attention_impl=attention_impl)
+    self.assertLessEqual(diff, _TOLERANCE)
+
+  def test_global_layers_have_no_value_projection(self):
+    """The global kind's values are its keys (transformers' global layers
+    have no v_proj, so the match above holds only with them)."""
+    model = registry.create_model(self.cfg, rngs=nnx.Rngs(0))
+    self.assertIsNone(model.global_blocks.attention.value)
+    self.assertIsNotNone(model.blocks.attention.value)
+    self.assertNotIn("model.layers.2.self_attn.v_proj.weight", self.state)
+
+  def test_bfloat16_compute_stays_close(self):
+    """bfloat16 activations (float32 parameters) stay within twice the
+    error of transformers' own bfloat16 model (both against its float32
+    one): unscaled attention logits over normalized q and k make Gemma 4's
+    rounding larger than other families' (4.4% of the largest logit for
+    transformers here)."""
+    tokens = torch.tensor(_TOKENS)
+    with torch.no_grad():
+      want = self.hf_model(tokens).logits
+      hf_bf16 = copy.deepcopy(self.hf_model).to(torch.bfloat16)
+      hf_error = float((hf_bf16(tokens).logits.float() - want).abs().max())
+    diff = hf_reference.max_logit_diff(self.hf_model, self.cfg, _TOKENS,
+                                       dtype="bfloat16")
+    print(f"bfloat16: ours {diff:.4f}, transformers' {hf_error:.4f}, "
+          f"max |logit| {float(want.abs().max()):.2f}")
+    self.assertLessEqual(diff, 2 * hf_error)
+
+  def _logits(self, cfg, state):
+    model = registry.create_model(cfg, rngs=nnx.Rngs(0))
+    hf_weights.load_hf_weights(model, state)
+    return nnx.jit(lambda m, t: m(t))(model, jnp.asarray(_TOKENS))
+
+  def test_each_feature_changes_the_logits(self):
+    """Without it the logits differ, so the match above tests it."""
+    want = self._logits(self.cfg, self.state)
+    unit_scalars = {name: (np.ones_like(value) if name.endswith("scalar")
+                           else value) for name, value in self.state.items()}
+    for feature, changes, state in (
+        ("value norm", dict(attention_value_norm=False), self.state),
+        ("proportional rotary", dict(rope_global_fraction=1.0), self.state),
+        ("unscaled logits", dict(query_pre_attn_scalar=None), self.state),
+        ("sliding window", dict(sliding_window=64), self.state),
+        ("logit soft cap", dict(final_logit_softcap=0.0), self.state),
+        ("layer scalars", {}, unit_scalars)):
+      with self.subTest(feature):
+        got = self._logits(self.cfg.replace(**changes), state)
+        self.assertGreater(float(jnp.abs(got - want).max()), 1e-3)
+
+  @parameterized.parameters(True, False)
+  def test_weights_round_trip(self, scan_layers):
+    hf_reference.assert_round_trip(self.hf_model, self.cfg,
+                                   scan_layers=scan_layers)
+
+  def test_hf_config_round_trips(self):
+    hf = gemma4.hf_config_from_model_config(self.cfg)
+    self.assertEqual(gemma4.model_config_from_hf(hf), self.cfg)
+    self.assertEqual(hf["layer_types"], self.hf_model.config.layer_types)
+    self.assertEqual(hf["rope_parameters"],
+                     self.hf_model.config.rope_parameters)
+
+  def test_unsupported_settings_are_named(self):
+    base = self.hf_model.config.to_dict()
+    for changes, pattern in (
+        (dict(hidden_size_per_layer_input=256),
+         "hidden_size_per_layer_input=256"),
+        (dict(num_kv_shared_layers=1), "num_kv_shared_layers=1"),
+        (dict(enable_moe_block=True), "enable_moe_block=True"),
+        (dict(attention_bias=True), "attention_bias=True"),
+        (dict(use_bidirectional_attention="all"),
+         "use_bidirectional_attention='all'"),
+        (dict(hidden_activation="silu"), "hidden_activation 'silu'"),
+        (dict(layer_types=["sliding_attention", "full_attention",
+                           "sliding_attention", "sliding_attention",
+                           "full_attention"], num_hidden_layers=5),
+         "not one global layer every N"),
+        (dict(rope_parameters=dict(
+            base["rope_parameters"],
+            full_attention=dict(rope_type="default", rope_theta=1e6))),
+         "rope_type 'default' with global_head_dim != head_dim")):
+      with self.subTest(pattern):
+        with self.assertRaisesRegex(ValueError, pattern):
+          gemma4.model_config_from_hf({**base, **changes})
+
+  def test_export_refuses_a_local_last_layer(self):
+    with self.assertRaisesRegex(ValueError, "layer 3 is local"):
+      gemma4.hf_config_from_model_config(self.cfg.replace(num_layers=4))
+
+
+class Gemma4ParameterCountTest(absltest.TestCase):
+
+  def test_31b(self):
+    """google/gemma-4-31B's text decoder: 30.70B parameters; FLOPs count
+    the global layers' missing value projections."""
+    cfg = ModelConfig.from_dict(gemma4_config.get_config("31b").model)
+    model = nnx.eval_shape(lambda: registry.create_model(cfg,
+                                                         rngs=nnx.Rngs(0)))
+    count = sum(math.prod(p.shape) for p in
+                jax.tree.leaves(nnx.state(model, nnx.Param)))
+    expected, matmuls = _parameter_count()
+    self.assertEqual(count, expected)
+    self.assertEqual(round(count / 1e9, 2), 30.70)
+    self.assertEqual(flops.matmul_params(cfg), matmuls)
+
+
+if __name__ == "__main__":
+  absltest.main()
