@@ -103,6 +103,12 @@ def model_defaults() -> ml_collections.ConfigDict:
       routed_scaling_factor=1.0,
       # The routing weights scale the experts' inputs (Llama 4).
       router_weights_on_input=False,
+      # Gemma 4: the router normalises the residual stream with a scale of
+      # its own, and scales each chosen weight by its expert's scale.
+      router_input_norm=False,
+      router_per_expert_scale=False,
+      # Expert layers keep the dense MLP next to the experts (Gemma 4).
+      moe_with_mlp=False,
       num_expert_groups=1,  # Group-limited routing (DeepSeek); 1: off.
       expert_groups_per_token=1,
       # A group's score: "top2_sum" (DeepSeek-V3) or "max" (DeepSeek-V2).
@@ -125,6 +131,12 @@ def model_defaults() -> ml_collections.ConfigDict:
       mtp_layers=0,
       mtp_loss_weight=0.0,
   ))
+
+
+def family_architecture(family: str, name: str) -> dict[str, object]:
+  """Model fields `maxtext/models/<family>.py` fixes under `name` for some
+  variants only (Gemma 4's MOE_ARCHITECTURE: its MoE block)."""
+  return dict(getattr(registry.family_module(family), name))
 
 
 def family_config(family: str, arg: str | None,

@@ -11,14 +11,14 @@ few minutes:
   tools/bazel run //maxtext/bin:train -- --config=configs/gemma4.py
 
 A published size (31b: google/gemma-4-31B, 30.70B parameters in its text
-decoder):
+decoder; 26b-a4b: google/gemma-4-26B-A4B, 25.2B, 3.8B of them used per
+token: 128 experts, 8 per token, next to a dense MLP in every layer):
 
   tools/bazel run //maxtext/bin:aot_compile -- --config=configs/gemma4.py:31b
 
-Values follow the `text_config` of the Hugging Face config of
-google/gemma-4-31B. e2b and e4b (per-layer input embeddings, KV shared
-across the last layers) and 26b-a4b (a MoE block next to the MLP) are not
-supported yet.
+Values follow the `text_config` of the Hugging Face configs of
+google/gemma-4-31B and google/gemma-4-26B-A4B. e2b and e4b (per-layer input
+embeddings, KV shared across the last layers) are not supported yet.
 """
 
 import ml_collections
@@ -32,6 +32,12 @@ VARIANTS = {
                   global_head_dim=128, global_num_kv_heads=1,
                   sliding_window=128, global_layer_interval=3),
     "31b": dict(),
+    "26b-a4b": dict(num_layers=30, embed_dim=2816, mlp_dim=2112,
+                    num_heads=16, num_kv_heads=8, global_num_kv_heads=2,
+                    num_experts=128, num_experts_per_token=8,
+                    moe_mlp_dim=704,
+                    **common.family_architecture("gemma4",
+                                                 "MOE_ARCHITECTURE")),
 }
 
 

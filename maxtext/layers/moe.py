@@ -11,7 +11,9 @@ scale the chosen experts' outputs (or, Llama 4, their inputs). GPT-OSS's
 router (a softmax over the top-k logits) is softmax scores renormalised over
 the chosen experts, with `router_logit_bias` adding a trained bias to the
 logits; Llama 4's (a sigmoid of the top-k logits) is sigmoid scores, not
-renormalised.
+renormalised. Gemma 4's router normalises the residual stream itself
+(`router_input_norm`) and scales each chosen weight by its expert's learned
+scale (`router_per_expert_scale`).
 
 The routed experts (gated MLPs), the three ways to run them
 (`MoeConfig.impl`: "dropless", "capacity", "dense") and expert parallelism
@@ -51,6 +53,7 @@ from maxtext.common import sections
 from maxtext.layers import linear
 from maxtext.layers import mlp
 from maxtext.layers import moe_experts
+from maxtext.layers import norm
 
 
 ROUTER_SCORES = ("softmax", "sigmoid")
@@ -92,6 +95,14 @@ class MoeConfig:
     routed_scaling_factor: Multiplies the routed experts' weights.
     router_weights_on_input: A chosen expert's weight scales its input
       instead of its output (Llama 4: expert(w * x), not w * expert(x)).
+    router_input_norm: The router reads the block's residual stream (not the
+      experts' normalised input) through a weightless RMS norm times a
+      learned scale [embed] and embed^-0.5 (Gemma 4).
+    router_per_expert_scale: A chosen expert's weight is multiplied by a
+      learned scale of that expert, after any renormalisation (Gemma 4).
+    with_mlp: Layers with experts keep the dense MLP and run both on the
+      same residual stream, each with its own norms, adding their outputs
+      (Gemma 4 26b-a4b; `maxtext.models.block.Block`).
     num_expert_groups: Experts are split into this many groups; a token
       chooses experts only within its best `expert_groups_per_token` groups
       (scored by `expert_group_score`). 1 is off.
@@ -121,6 +132,9 @@ class MoeConfig:
       "expert_gate_up_fused": "expert_gate_up_fused",
       "routed_scaling_factor": "routed_scaling_factor",
       "weights_on_input": "router_weights_on_input",
+      "router_input_norm": "router_input_norm",
+      "router_per_expert_scale": "router_per_expert_scale",
+      "with_mlp": "moe_with_mlp",
       "num_expert_groups": "num_expert_groups",
       "expert_groups_per_token": "expert_groups_per_token",
       "expert_group_score": "expert_group_score",
@@ -142,6 +156,9 @@ class MoeConfig:
   expert_gate_up_fused: bool = False
   routed_scaling_factor: float = 1.0
   weights_on_input: bool = False
+  router_input_norm: bool = False
+  router_per_expert_scale: bool = False
+  with_mlp: bool = False
   num_expert_groups: int = 1
   expert_groups_per_token: int = 1
   expert_group_score: str = "top2_sum"
@@ -159,7 +176,9 @@ class MoeConfig:
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         fail(name, "must be an integer >= 0")
     expert_flags = ("router_logit_bias", "expert_bias",
-                    "expert_gate_up_fused", "weights_on_input")
+                    "expert_gate_up_fused", "weights_on_input",
+                    "router_input_norm", "router_per_expert_scale",
+                    "with_mlp")
     for name in expert_flags + ("router_normalize", "router_bias"):
       if not isinstance(getattr(self, name), bool):
         fail(name, "must be True or False")
@@ -215,8 +234,10 @@ class RouterBias(nnx.Variable):
 
 
 def route(logits_TE: jax.Array, cfg: MoeConfig,
-          bias_E: jax.Array | None = None) -> moe_experts.Routing:
-  """Chooses `cfg.num_experts_per_token` experts per token (module doc)."""
+          bias_E: jax.Array | None = None,
+          scale_E: jax.Array | None = None) -> moe_experts.Routing:
+  """Chooses `cfg.num_experts_per_token` experts per token (module doc);
+  `scale_E` multiplies each chosen expert's weight by its own scale."""
   logits_TE = logits_TE.astype(jnp.float32)
   if cfg.router_score == "softmax":
     scores_TE = jax.nn.softmax(logits_TE, axis=-1)
@@ -239,6 +260,8 @@ def route(logits_TE: jax.Array, cfg: MoeConfig,
   weights_TA = jnp.take_along_axis(scores_TE, experts_TA, axis=-1)
   if cfg.router_normalize:
     weights_TA = weights_TA / (weights_TA.sum(-1, keepdims=True) + 1e-20)
+  if scale_E is not None:
+    weights_TA = weights_TA * scale_E.astype(jnp.float32)[experts_TA]
   probs_TE = scores_TE
   if cfg.router_score == "sigmoid":
     probs_TE = scores_TE / scores_TE.sum(-1, keepdims=True)
@@ -297,8 +320,11 @@ class MoE(nnx.Module):
   """
 
   def __init__(self, cfg: MoeConfig, *, activation: str, embed_dim: int,
-               dtype: str, param_dtype: str, rngs: nnx.Rngs):
+               dtype: str, param_dtype: str, rngs: nnx.Rngs,
+               norm_eps: float = 1e-6):
+    """`norm_eps`: epsilon of the router's norm (`router_input_norm`)."""
     self.cfg = cfg
+    self.norm_eps = norm_eps
     self.activation = activation
     self.dtype = dtype
     experts, dim, hidden = cfg.num_experts, embed_dim, cfg.mlp_dim
@@ -340,6 +366,12 @@ class MoE(nnx.Module):
         (moe_experts.EXPERTS, axes.MLP, axes.EMBED))
     self.router_bias = (RouterBias(jnp.zeros((experts,), jnp.float32))
                         if cfg.router_bias else None)
+    self.router_scale = (
+        axes.param(jnp.ones((dim,), param_dtype), (axes.EMBED,))
+        if cfg.router_input_norm else None)
+    self.expert_scale = (
+        axes.param(jnp.ones((experts,), param_dtype), (moe_experts.EXPERTS,))
+        if cfg.router_per_expert_scale else None)
     if cfg.num_shared_experts:
       self.shared = mlp.MLP(
           mlp.MlpConfig(dim=cfg.num_shared_experts * hidden,
@@ -349,14 +381,25 @@ class MoE(nnx.Module):
     else:
       self.shared = None
 
-  def __call__(self, x_BLD: jax.Array) -> tuple[jax.Array, dict]:
+  def __call__(self, x_BLD: jax.Array,
+               residual_BLD: jax.Array | None = None
+               ) -> tuple[jax.Array, dict]:
+    """`residual_BLD`: the stream the router reads with
+    `router_input_norm` (required then)."""
     cfg = self.cfg
     batch, length, dim = x_BLD.shape
     dtype = jnp.dtype(self.dtype)
     x_TD = x_BLD.reshape(batch * length, dim).astype(dtype)
-    logits_TE = self.router(x_TD)
-    bias_E = None if self.router_bias is None else self.router_bias[...]
-    routing = route(logits_TE, cfg, bias_E)
+    router_in_TD = x_TD
+    if self.router_scale is not None:
+      router_in_TD = (norm.normalize(residual_BLD.reshape(-1, dim),
+                                     self.norm_eps)
+                      * self.router_scale[...].astype(jnp.float32)
+                      * dim ** -0.5)
+    logits_TE = self.router(router_in_TD)
+    bias_E, scale_E = (None if v is None else v[...]
+                       for v in (self.router_bias, self.expert_scale))
+    routing = route(logits_TE, cfg, bias_E, scale_E)
     if self.gate_up is None:
       gate_EDF, up_EDF = self.gate[...], self.up[...]
     else:

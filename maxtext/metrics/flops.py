@@ -10,7 +10,8 @@ or not: the head is a matmul, the embedding lookup is not). Norm scales are
 not matmuls. A mixture-of-experts layer counts only what one token uses:
 its router D*E, the k routed experts it goes to and the shared experts,
 3*D*F_e each (F_e = moe_mlp_dim); layers without experts (the first
-`first_dense_layers`, those between `moe_layer_interval`) have the dense MLP.
+`first_dense_layers`, those between `moe_layer_interval`) have the dense MLP,
+and so do expert layers with `moe_with_mlp` (Gemma 4 26b-a4b), as well.
 Each layer counts with its kind's sizes (`maxtext.common.layer_pattern`:
 Gemma 4's global layers have their own head size).
 
@@ -83,10 +84,13 @@ def attention_params(cfg: ModelConfig) -> int:
 def mlp_params_per_token(cfg: ModelConfig, experts: bool) -> int:
   """Matmul parameters of a layer's MLP (or its `experts`) one token
   uses."""
+  dense = 3 * cfg.embed_dim * cfg.mlp.dim
   if not experts:
-    return 3 * cfg.embed_dim * cfg.mlp.dim
+    return dense
   experts = cfg.moe.num_experts_per_token + cfg.moe.num_shared_experts
-  return cfg.embed_dim * (cfg.moe.num_experts + 3 * experts * cfg.moe.mlp_dim)
+  return (cfg.embed_dim * (cfg.moe.num_experts +
+                           3 * experts * cfg.moe.mlp_dim)
+          + (dense if cfg.moe.with_mlp else 0))
 
 
 def mean_attended_keys(window: int | None, seq_len: int,

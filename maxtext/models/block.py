@@ -45,7 +45,13 @@ def make_attention(cfg: ModelConfig, *, kernel: dispatch.Kernel,
 class Block(nnx.Module):
   """Residual block: attention then gated MLP or experts, each with a
   pre-norm, a post-norm or both, as layer kind `kind` has them; with
-  `cfg.layer_scalar` its output times its `scalar` [1]."""
+  `cfg.layer_scalar` its output times its `scalar` [1].
+
+  With `cfg.moe.with_mlp` an expert layer runs the dense MLP and the experts
+  side by side on the same stream, each between norms of its own (dense:
+  `pre_mlp_norm`, `post_dense_norm`; experts: `pre_moe_norm`,
+  `post_moe_norm`), and adds their outputs before `post_mlp_norm`
+  (Gemma 4 26b-a4b)."""
 
   def __init__(self, cfg: ModelConfig, kind: layer_pattern.LayerKind, *,
                kernel: dispatch.Kernel, rngs: nnx.Rngs):
@@ -57,9 +63,16 @@ class Block(nnx.Module):
     self.pre_mlp_norm = embed_norm(cfg) if cfg.pre_norms else None
     widths = dict(embed_dim=cfg.embed_dim, dtype=cfg.dtype,
                   param_dtype=cfg.param_dtype, rngs=rngs)
-    self.mlp = None if experts else mlp.MLP(cfg.mlp, **widths)
-    self.moe = (moe.MoE(cfg.moe, activation=cfg.mlp.activation, **widths)
+    both = experts and cfg.moe.with_mlp
+    self.mlp = (mlp.MLP(cfg.mlp, **widths) if both or not experts
+                else None)
+    self.moe = (moe.MoE(cfg.moe, activation=cfg.mlp.activation,
+                        norm_eps=cfg.norm.eps, **widths)
                 if experts else None)
+    self.pre_moe_norm = embed_norm(cfg) if both and cfg.pre_norms else None
+    self.post_dense_norm, self.post_moe_norm = (
+        (embed_norm(cfg), embed_norm(cfg)) if both and cfg.post_norms
+        else (None, None))
     self.post_mlp_norm = embed_norm(cfg) if cfg.post_norms else None
     self.scalar = (axes.param(jnp.ones((1,), cfg.param_dtype), (None,))
                    if cfg.layer_scalar else None)
@@ -83,8 +96,13 @@ class Block(nnx.Module):
     aux = None
     if self.moe is None:
       h_BLD = self.mlp(_norm(self.pre_mlp_norm, x_BLD))
+    elif self.mlp is None:
+      h_BLD, aux = self.moe(_norm(self.pre_mlp_norm, x_BLD), x_BLD)
     else:
-      h_BLD, aux = self.moe(_norm(self.pre_mlp_norm, x_BLD))
+      dense_BLD = _norm(self.post_dense_norm,
+                        self.mlp(_norm(self.pre_mlp_norm, x_BLD)))
+      h_BLD, aux = self.moe(_norm(self.pre_moe_norm, x_BLD), x_BLD)
+      h_BLD = dense_BLD + _norm(self.post_moe_norm, h_BLD)
     if self.post_mlp_norm is not None:
       h_BLD = self.post_mlp_norm(h_BLD)
     x_BLD = x_BLD + h_BLD

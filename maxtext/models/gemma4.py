@@ -14,15 +14,23 @@ between global ones), but
   their dimension pairs ("proportional" rotary: `rope_global_fraction`),
   base 1M; local layers use plain rotary with base 10k;
 - each layer multiplies its output, the whole residual stream, by a scalar
-  of its own (`layer_scalar`); the logits are soft-capped.
+  of its own (`layer_scalar`); the logits are soft-capped;
+- 26b-a4b (enable_moe_block): every layer runs a mixture of experts next to
+  its dense MLP (`moe_with_mlp`), each between norms of its own, the
+  outputs added before the MLP's post-norm. The router reads the residual
+  stream through a weightless norm, a learned scale and embed^-0.5
+  (`router_input_norm`), picks the top-k of a softmax, renormalises and
+  multiplies each chosen weight by its expert's learned scale
+  (`router_per_expert_scale`). The checkpoints store the experts fused,
+  `experts.gate_up_proj` [E, 2F, D] (gate, then up) and
+  `experts.down_proj` [E, D, F].
 
 This module maps Hugging Face's `Gemma4TextConfig` / `Gemma4ForCausalLM`
 checkpoints onto that model; the multimodal `Gemma4ForConditionalGeneration`
 releases load their text decoder (`registry.hf_text_config`). Not yet
 supported, and refused by name: per-layer input embeddings
-(hidden_size_per_layer_input > 0: e2b, e4b), KV shared across the last
-layers (num_kv_shared_layers > 0: e2b, e4b) and the MoE block next to the
-MLP (enable_moe_block: 26b-a4b).
+(hidden_size_per_layer_input > 0: e2b, e4b) and KV shared across the last
+layers (num_kv_shared_layers > 0: e2b, e4b).
 """
 
 from collections.abc import Mapping
@@ -35,9 +43,27 @@ from maxtext.models import hf_params
 MODEL_CLASS = decoder.Decoder
 
 HF_PARAMS = hf_params.COMMON_PARAMS
-HF_BLOCK_PARAMS = (hf_params.COMMON_BLOCK_PARAMS + hf_params.QK_NORMS +
-                   hf_params.SANDWICH_NORMS +
-                   (hf_params.block_param(("scalar",), "layer_scalar"),))
+HF_BLOCK_PARAMS = (
+    hf_params.COMMON_BLOCK_PARAMS + hf_params.QK_NORMS +
+    hf_params.SANDWICH_NORMS + (
+        hf_params.block_param(("scalar",), "layer_scalar"),
+        # The MoE block (26b-a4b).
+        hf_params.ParamMap(("moe", "router", "kernel"),
+                           "model.layers.{layer}.router.proj.weight",
+                           in_ndim=1),
+        hf_params.block_param(("moe", "router_scale"), "router.scale"),
+        hf_params.block_param(("moe", "expert_scale"),
+                              "router.per_expert_scale"),
+        hf_params.block_param(("moe", "gate_up"), "experts.gate_up_proj",
+                              halves=True, swapped=True),
+        hf_params.block_param(("moe", "down"), "experts.down_proj",
+                              swapped=True),
+        hf_params.block_param(("pre_moe_norm", "scale"),
+                              "pre_feedforward_layernorm_2.weight"),
+        hf_params.block_param(("post_dense_norm", "scale"),
+                              "post_feedforward_layernorm_1.weight"),
+        hf_params.block_param(("post_moe_norm", "scale"),
+                              "post_feedforward_layernorm_2.weight")))
 
 HF_MODEL_TYPE = "gemma4_text"
 HF_ARCHITECTURE = "Gemma4ForCausalLM"
@@ -47,6 +73,11 @@ HF_ARCHITECTURE = "Gemma4ForCausalLM"
 ARCHITECTURE = {"post_norms": True, "qk_norm": True, "scale_embeddings": True,
                 "attention_value_norm": True, "query_pre_attn_scalar": 1.0,
                 "layer_scalar": True, "mlp_activation": "gelu_tanh"}
+# What the MoE block (enable_moe_block) fixes; its sizes come from the config.
+MOE_ARCHITECTURE = {"moe_with_mlp": True, "router_input_norm": True,
+                    "router_per_expert_scale": True,
+                    "expert_gate_up_fused": True, "router_score": "softmax",
+                    "router_normalize": True}
 
 _ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
 # Sizes that `Gemma4TextConfig` defaults when a config.json leaves them out
@@ -76,8 +107,6 @@ def _unsupported(hf: Mapping[str, Any]) -> None:
       ("num_kv_shared_layers", hf["num_kv_shared_layers"],
        "KV shared across layers (e2b, e4b) is not supported yet; "
        "supported: 0"),
-      ("enable_moe_block", hf.get("enable_moe_block"),
-       "the MoE block (26b-a4b) is not supported yet; supported: False"),
       ("attention_bias", hf.get("attention_bias"),
        "attention biases are not supported; supported: False")):
     if value:
@@ -168,19 +197,33 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       final_logit_softcap=hf.get("final_logit_softcapping") or 0.0,
       **_rope_fields(hf.get("rope_parameters") or _DEFAULT_ROPE,
                      same_heads=global_head_dim == head_dim),
+      **_moe_fields(hf),
   ))
+
+
+def _moe_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
+  """Our MoE fields of a config with enable_moe_block (else none)."""
+  if not hf.get("enable_moe_block"):
+    return {}
+  for key in ("num_experts", "top_k_experts", "moe_intermediate_size"):
+    if not hf.get(key):
+      raise ValueError(f"Gemma 4 {key}={hf.get(key)!r} with enable_moe_block:"
+                       " the MoE block needs a positive value.")
+  return dict(MOE_ARCHITECTURE, num_experts=hf["num_experts"],
+              num_experts_per_token=hf["top_k_experts"],
+              moe_mlp_dim=hf["moe_intermediate_size"])
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`).
 
   Every key whose `Gemma4TextConfig` default would change the model is
-  written (per-layer inputs 0, no KV sharing, no MoE block).
+  written (per-layer inputs 0, no KV sharing).
 
   Raises:
-    ValueError: the last layer is local (transformers makes it global), or
+    ValueError: the last layer is local (transformers makes it global),
       global rotary scaling other than "default"/"linear" on a fraction of
-      the pairs.
+      the pairs, or experts that are not Gemma 4's MoE block in every layer.
   """
   if cfg.layer_windows()[-1] is not None:
     raise ValueError(
@@ -188,6 +231,7 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
         f"{cfg.num_layers - 1} is local (global_layer_interval="
         f"{cfg.pattern.global_layer_interval} with num_layers="
         f"{cfg.num_layers}); make num_layers a multiple of the interval.")
+  moe = _hf_moe(cfg)
   config = hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
                                        architecture=HF_ARCHITECTURE)
   attention = cfg.attention
@@ -223,5 +267,27 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
       layer_types=hf_params.hf_layer_types(cfg),
       final_logit_softcapping=cfg.final_logit_softcap or None,
       hidden_size_per_layer_input=0, num_kv_shared_layers=0,
-      enable_moe_block=False, use_double_wide_mlp=False,
-      attention_bias=False)
+      use_double_wide_mlp=False, attention_bias=False, **moe)
+
+
+def _hf_moe(cfg: ModelConfig) -> dict[str, Any]:
+  """The MoE keys of `cfg`'s `config.json`; ValueError naming the first
+  setting that transformers' Gemma 4 MoE block does not have."""
+  if not cfg.moe.num_experts:
+    return {"enable_moe_block": False}
+  fields = {"first_dense_layers": cfg.pattern.first_dense_layers,
+            "moe_layer_interval": cfg.pattern.moe_layer_interval,
+            **{key: getattr(cfg.moe, name)
+               for name, key in cfg.moe.KEYS.items()}}
+  expected = dict(MOE_ARCHITECTURE, first_dense_layers=0,
+                  moe_layer_interval=1, num_shared_experts=0,
+                  router_bias=False, router_logit_bias=False,
+                  expert_bias=False, routed_scaling_factor=1.0,
+                  router_weights_on_input=False, num_expert_groups=1)
+  for key, value in expected.items():
+    if fields[key] != value:
+      raise ValueError(f"Gemma 4 exports {key}={fields[key]!r}: its MoE block"
+                       f" has {key}={value!r}.")
+  return dict(enable_moe_block=True, num_experts=cfg.moe.num_experts,
+              top_k_experts=cfg.moe.num_experts_per_token,
+              moe_intermediate_size=cfg.moe.mlp_dim)

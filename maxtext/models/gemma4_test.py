@@ -15,6 +15,7 @@ import torch
 from configs import gemma4 as gemma4_config
 from maxtext.common import layer_pattern
 from maxtext.common.model_config import ModelConfig
+from maxtext.inference import generate
 from maxtext.metrics import flops
 from maxtext.models import gemma4
 from maxtext.models import hf_weights
@@ -25,24 +26,42 @@ from testing import hf_tiny_models
 # 16 tokens: past the local layers' window of 5.
 _TOKENS = np.random.RandomState(0).randint(0, 128, size=(2, 16))
 _TOLERANCE = 1e-4
+# 26b-a4b's MoE block, tiny.
+_MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2,
+            moe_intermediate_size=32)
+
+
+def _logits(cfg, state):
+  model = registry.create_model(cfg, rngs=nnx.Rngs(0))
+  hf_weights.load_hf_weights(model, state)
+  return nnx.jit(lambda m, t: m(t))(model, jnp.asarray(_TOKENS))
 
 
 def _parameter_count(layers=60, interval=6, vocab=262_144, embed=5376,
                      mlp=21_504, heads=32, kv_heads=16, head_dim=256,
-                     global_kv_heads=4, global_head_dim=512):
-  """(parameters, matmul parameters) of a Gemma 4 dense text config with
-  values equal to keys on global layers, counted independently of our
-  model."""
+                     global_kv_heads=4, global_head_dim=512, experts=0,
+                     top_k=0, moe_mlp=0):
+  """(parameters, matmul parameters one token uses) of a Gemma 4 text
+  config with values equal to keys on global layers and, with `experts`,
+  the MoE block next to the MLP in every layer, counted independently of
+  our model."""
   local = embed * (2 * heads + 2 * kv_heads) * head_dim + 3 * embed * mlp
   full = (embed * (2 * heads + global_kv_heads) * global_head_dim +
           3 * embed * mlp)
   num_global = layers // interval
-  matmuls = (layers - num_global) * local + num_global * full
-  # Four norms of embed, q and k norms of the head width, the scalar.
+  dense = (layers - num_global) * local + num_global * full
+  # The router's projection, and all experts or one token's.
+  every_expert, used = (layers * embed * (experts + n * 3 * moe_mlp)
+                        for n in (experts, top_k))
+  # Four norms of embed, q and k norms of the head width, the scalar; with
+  # experts three more norms and the router's scales [embed], [experts].
   small = (layers * (4 * embed + 1) + (layers - num_global) * 2 * head_dim +
            num_global * 2 * global_head_dim)
+  if experts:
+    small += layers * (4 * embed + experts)
   # Tied embedding (the head's matmul), the final norm.
-  return vocab * embed + matmuls + small + embed, matmuls + vocab * embed
+  return (vocab * embed + dense + every_expert + small + embed,
+          dense + used + vocab * embed)
 
 
 class Gemma4HuggingFaceTest(parameterized.TestCase):
@@ -104,14 +123,9 @@ class Gemma4HuggingFaceTest(parameterized.TestCase):
           f"max |logit| {float(want.abs().max()):.2f}")
     self.assertLessEqual(diff, 2 * hf_error)
 
-  def _logits(self, cfg, state):
-    model = registry.create_model(cfg, rngs=nnx.Rngs(0))
-    hf_weights.load_hf_weights(model, state)
-    return nnx.jit(lambda m, t: m(t))(model, jnp.asarray(_TOKENS))
-
   def test_each_feature_changes_the_logits(self):
     """Without it the logits differ, so the match above tests it."""
-    want = self._logits(self.cfg, self.state)
+    want = _logits(self.cfg, self.state)
     unit_scalars = {name: (np.ones_like(value) if name.endswith("scalar")
                            else value) for name, value in self.state.items()}
     for feature, changes, state in (
@@ -122,7 +136,7 @@ class Gemma4HuggingFaceTest(parameterized.TestCase):
         ("logit soft cap", dict(final_logit_softcap=0.0), self.state),
         ("layer scalars", {}, unit_scalars)):
       with self.subTest(feature):
-        got = self._logits(self.cfg.replace(**changes), state)
+        got = _logits(self.cfg.replace(**changes), state)
         self.assertGreater(float(jnp.abs(got - want).max()), 1e-3)
 
   @parameterized.parameters(True, False)
@@ -143,7 +157,8 @@ class Gemma4HuggingFaceTest(parameterized.TestCase):
         (dict(hidden_size_per_layer_input=256),
          "hidden_size_per_layer_input=256"),
         (dict(num_kv_shared_layers=1), "num_kv_shared_layers=1"),
-        (dict(enable_moe_block=True), "enable_moe_block=True"),
+        (dict(enable_moe_block=True, num_experts=4, top_k_experts=None,
+              moe_intermediate_size=32), "top_k_experts=None"),
         (dict(attention_bias=True), "attention_bias=True"),
         (dict(use_bidirectional_attention="all"),
          "use_bidirectional_attention='all'"),
@@ -165,6 +180,91 @@ class Gemma4HuggingFaceTest(parameterized.TestCase):
       gemma4.hf_config_from_model_config(self.cfg.replace(num_layers=4))
 
 
+class Gemma4MoeTest(parameterized.TestCase):
+  """26b-a4b's MoE block: top-2 of 4 experts next to the dense MLP in every
+  layer (two local layers and a global one)."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.hf_model = hf_tiny_models.tiny_hf_model("gemma4", **_MOE)
+    cls.cfg = gemma4.model_config_from_hf(cls.hf_model.config.to_dict())
+    cls.state = hf_reference.state_dict(cls.hf_model)
+
+  def test_config_mapping(self):
+    moe = self.cfg.moe
+    self.assertEqual((moe.num_experts, moe.num_experts_per_token,
+                      moe.mlp_dim, self.cfg.mlp.dim), (4, 2, 32, 96))
+    self.assertTrue(moe.with_mlp and moe.router_input_norm and
+                    moe.router_per_expert_scale and moe.expert_gate_up_fused)
+    self.assertEqual([layer.kind.experts for layer in
+                      layer_pattern.layers(self.cfg)], [True] * 3)
+
+  @parameterized.product(scan_layers=(True, False),
+                         moe_impl=("dropless", "dense"))
+  def test_logits_match(self, scan_layers, moe_impl):
+    diff = hf_reference.max_logit_diff(
+        self.hf_model, self.cfg.replace(moe_impl=moe_impl), _TOKENS,
+        scan_layers=scan_layers)
+    self.assertLessEqual(diff, _TOLERANCE)
+
+  def test_each_feature_changes_the_logits(self):
+    """Without it the logits differ, so the match above tests it."""
+    want = _logits(self.cfg, self.state)
+    for feature, changes, unused in (
+        ("dense MLP next to the experts", dict(moe_with_mlp=False),
+         ("mlp.", "layernorm_1", "layernorm_2")),
+        ("router's own norm of the residual stream",
+         dict(router_input_norm=False), ("router.scale",)),
+        ("per-expert scales", dict(router_per_expert_scale=False),
+         ("per_expert_scale",))):
+      with self.subTest(feature):
+        state = {name: value for name, value in self.state.items()
+                 if not any(part in name for part in unused)}
+        got = _logits(self.cfg.replace(**changes), state)
+        self.assertGreater(float(jnp.abs(got - want).max()), 1e-3)
+    for norm in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
+                 "post_feedforward_layernorm_2"):
+      with self.subTest(norm):  # Each block norm weighs in.
+        state = {name: np.ones_like(value) if norm in name else value
+                 for name, value in self.state.items()}
+        got = _logits(self.cfg, state)
+        self.assertGreater(float(jnp.abs(got - want).max()), 1e-3)
+
+  @parameterized.parameters(True, False)
+  def test_weights_round_trip(self, scan_layers):
+    hf_reference.assert_round_trip(self.hf_model, self.cfg,
+                                   scan_layers=scan_layers)
+
+  def test_greedy_matches_transformers(self):
+    """Greedy decoding with the dense and the paged KV cache gives
+    transformers' `generate` tokens."""
+    prompts = [[5, 17, 99, 3, 42, 8, 64, 2], [11, 7, 120]]
+    want = [hf_tiny_models.hf_greedy(self.hf_model, prompt, 8)
+            for prompt in prompts]
+    model = registry.create_model(self.cfg, rngs=nnx.Rngs(0))
+    hf_weights.load_hf_weights(model, self.state)
+    self.assertEqual(generate.generate(model, prompts, max_new_tokens=8),
+                     want)
+    self.assertEqual(generate.generate(model, prompts, max_new_tokens=8,
+                                       kv_cache="paged", page_size=4), want)
+
+  def test_hf_config_round_trips(self):
+    hf = gemma4.hf_config_from_model_config(self.cfg)
+    self.assertEqual(gemma4.model_config_from_hf(hf), self.cfg)
+    self.assertEqual({key: hf[key] for key in _MOE}, _MOE)
+
+  def test_export_refuses_other_experts(self):
+    for changes, pattern in (
+        (dict(num_shared_experts=1), "num_shared_experts=1"),
+        (dict(moe_layer_interval=3), "moe_layer_interval=3"),
+        (dict(moe_with_mlp=False), "moe_with_mlp=False"),
+        (dict(router_score="sigmoid"), "router_score='sigmoid'")):
+      with self.subTest(pattern):
+        with self.assertRaisesRegex(ValueError, pattern):
+          gemma4.hf_config_from_model_config(self.cfg.replace(**changes))
+
+
 class Gemma4ParameterCountTest(absltest.TestCase):
 
   def test_31b(self):
@@ -179,6 +279,23 @@ class Gemma4ParameterCountTest(absltest.TestCase):
     self.assertEqual(count, expected)
     self.assertEqual(round(count / 1e9, 2), 30.70)
     self.assertEqual(flops.matmul_params(cfg), matmuls)
+
+  def test_26b_a4b(self):
+    """google/gemma-4-26B-A4B's text decoder: 25.2B parameters, 3.8B of
+    them used per token (FLOPs count 8 of the 128 experts, the router and
+    the dense MLP next to them)."""
+    cfg = ModelConfig.from_dict(gemma4_config.get_config("26b-a4b").model)
+    model = nnx.eval_shape(lambda: registry.create_model(cfg,
+                                                         rngs=nnx.Rngs(0)))
+    count = sum(math.prod(p.shape) for p in
+                jax.tree.leaves(nnx.state(model, nnx.Param)))
+    expected, used = _parameter_count(
+        layers=30, embed=2816, mlp=2112, heads=16, kv_heads=8,
+        global_kv_heads=2, experts=128, top_k=8, moe_mlp=704)
+    self.assertEqual(count, expected)
+    self.assertEqual(round(count / 1e9, 1), 25.2)
+    self.assertEqual(flops.matmul_params(cfg), used)
+    self.assertEqual(round(used / 1e9, 1), 3.8)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ class ParamMap:
     halves: Our last two axes [2, F] are one Hugging Face axis [2F] that
       holds them one after the other: ours[..., c, f] = hf[..., c * F + f]
       (Llama 4's fused expert gate_up: gate, then up).
+    swapped: Hugging Face stores our last two axes (after `halves` joins
+      them) in the other order: per-expert torch `Linear` weights
+      [experts, out, in] (Gemma 4's experts).
   """
 
   path: tuple[str, ...]
@@ -48,6 +51,7 @@ class ParamMap:
   flatten: bool = False
   interleaved: bool = False
   halves: bool = False
+  swapped: bool = False
 
   def to_ours(self, hf_array: np.ndarray, shape: Sequence[int],
               name: str | None = None) -> np.ndarray:
@@ -60,6 +64,8 @@ class ParamMap:
                        f"{self.hf_shape(shape)}).")
     if self.in_ndim:
       hf_array = hf_array.T
+    if self.swapped:
+      hf_array = hf_array.swapaxes(-1, -2)
     if self.interleaved:
       return hf_array.reshape(*shape[:-2], shape[-1], 2).swapaxes(-1, -2)
     return hf_array.reshape(shape)
@@ -72,8 +78,8 @@ class ParamMap:
     if self.flatten:
       return (math.prod(shape),)
     if self.interleaved or self.halves:
-      return (*shape[:-2], 2 * shape[-1])
-    return shape
+      shape = (*shape[:-2], 2 * shape[-1])
+    return (*shape[:-2], shape[-1], shape[-2]) if self.swapped else shape
 
   def to_hf(self, array: np.ndarray) -> np.ndarray:
     """Our array -> Hugging Face layout."""
@@ -82,11 +88,12 @@ class ParamMap:
     if self.flatten:
       return array.reshape(-1)
     if self.interleaved:
-      return np.ascontiguousarray(array.swapaxes(-1, -2)).reshape(
+      array = np.ascontiguousarray(array.swapaxes(-1, -2)).reshape(
           *array.shape[:-2], -1)
-    if self.halves:
-      return array.reshape(*array.shape[:-2], -1)
-    return array
+    elif self.halves:
+      array = array.reshape(*array.shape[:-2], -1)
+    return (np.ascontiguousarray(array.swapaxes(-1, -2)) if self.swapped
+            else array)
 
 
 def rope_fields(rope: Mapping[str, Any]) -> dict[str, Any]:
@@ -276,10 +283,10 @@ COMMON_BLOCK_PARAMS = (
 
 def block_param(path: tuple[str, ...], hf_suffix: str, *,
                 flatten: bool = False, interleaved: bool = False,
-                halves: bool = False) -> ParamMap:
+                halves: bool = False, swapped: bool = False) -> ParamMap:
   """A per-layer entry without a transpose, e.g. a norm scale or a bias."""
   return ParamMap(path, _block(hf_suffix), flatten=flatten,
-                  interleaved=interleaved, halves=halves)
+                  interleaved=interleaved, halves=halves, swapped=swapped)
 
 
 # Llama's "post_attention_layernorm" normalises the MLP input (so do Mistral,

@@ -40,7 +40,9 @@ Both paths' compiled steps exchange tokens with all-to-all; the dropless
 one (also on an expert=8 mesh with 8 experts) sends [1, S/8, D] buffers
 and gathers neither whole expert weights nor the batch's assignments. One
 MoE layer with GPT-OSS's expert biases and fused gate_up, its 8 experts
-over expert=8, has the output and gradients of the unsharded layer.
+over expert=8, has the output and gradients of the unsharded layer. Tiny
+Llama 4 and Gemma 4 26b-a4b models over fsdp=2 x tensor=2 x expert=2: one
+step equals one device's.
 """
 
 import re
@@ -61,6 +63,7 @@ from maxtext.layers import moe_experts
 from maxtext.layers import remat
 from maxtext.models import decoder
 from maxtext.models import execution
+from maxtext.models import gemma4
 from maxtext.optim import optimizer
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
@@ -346,11 +349,9 @@ class ExpertParallelismTest(parameterized.TestCase):
     self.assertRegex(hlo, r"f32\[16,32\]")
     self.assertNotRegex(hlo, r"f32\[128,32\]")
 
-  def test_llama4_sharded_equals_single_device(self):
-    """Llama 4's layers (chunked and NoPE attention, experts on their
-    inputs plus a shared expert, dense layers between) over fsdp, tensor
-    and expert: one step equals one device's."""
-    changes = dict(family="llama4", num_layers=4, moe_layer_interval=2)
+  def _assert_sharded_step_equals_single_device(self, **changes):
+    """One step of `_state(**changes)` over fsdp=2 x tensor=2 x expert=2
+    equals one device's; returns the sharded state."""
     single = _state({"data": 1}, jax.devices()[:1], **changes)
     want = _loss_grads_and_params(single, _batch(single))
     state = _state({"data": 1, "fsdp": 2, "tensor": 2, "expert": 2},
@@ -361,6 +362,24 @@ class ExpertParallelismTest(parameterized.TestCase):
     np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=_RTOL)
     _assert_trees_close(got[1], want[1])
     _assert_trees_close(got[2], want[2])
+    return state
+
+  def test_llama4_sharded_equals_single_device(self):
+    """Llama 4's layers (chunked and NoPE attention, experts on their
+    inputs plus a shared expert, dense layers between) over fsdp, tensor
+    and expert: one step equals one device's."""
+    self._assert_sharded_step_equals_single_device(
+        family="llama4", num_layers=4, moe_layer_interval=2)
+
+  def test_gemma4_sharded_equals_single_device(self):
+    """Gemma 4's 26b-a4b layers (experts next to the dense MLP, the router's
+    own norm and per-expert scales; a global layer with wider heads and
+    values equal to keys) over fsdp, tensor and expert: one step equals
+    one device's."""
+    state = self._assert_sharded_step_equals_single_device(
+        family="gemma4", num_layers=3, moe_mlp_dim=16,
+        **gemma4.MOE_ARCHITECTURE)
+    self.assertIn("mlp", state.params["global_blocks"])
 
   def test_token_exchange_with_expert_biases(self):
     # GPT-OSS's per-expert biases, fused gate_up, 8 experts over expert=8:
