@@ -63,6 +63,18 @@ class AotCompileTest(absltest.TestCase):
     self.assertRegex(out, r"fits: \d+\.\d% of v5e HBM\.")
     self.assertIn("Collectives: ", out)
 
+  def test_tpu_compiles_layer_kinds_in_groups_with_full_remat(self):
+    """Gemma 4's small model (two local layers and a global one, twice: two
+    groups of each kind) with full remat: libtpu aborted on the gradients of
+    the strided slices the layer scan once took of each kind's stack."""
+    config = (f"--config={os.path.join(_ROOT, 'configs', 'gemma4.py')}",
+              "--config.remat.policy=full", "--config.data.source=synthetic",
+              "--config.data.seq_len=256", "--config.train.batch_size=4",
+              "--config.mesh.ici.data=1", "--config.mesh.ici.fsdp=-1")
+    result = _run("--topology=v5e:2x2", config=config)
+    self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+    self.assertRegex(result.stdout, r"fits: \d+\.\d% of v5e HBM\.")
+
   def test_a_step_that_does_not_fit_exits_with_the_reason(self):
     # One row of 64k tokens per device: the reference attention's float32
     # scores, 4 heads x 65536 x 65536, are 64 GiB per device, more than a

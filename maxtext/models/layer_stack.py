@@ -79,31 +79,41 @@ def scan_layers(graphdefs, states, pattern, x_BLD, run_block, caches):
     layers = pattern[segment.start:segment.start + segment.period]
     per_group = collections.Counter(layer.kind.name for layer in layers)
 
-    def strided(tree, offset, segment=segment, per_group=per_group):
-      # The layers at `offset` of every group: one of each run of its kind's
-      # per_group layers, so a strided slice of the kind's stack.
-      step = per_group[pattern[segment.start + offset].kind.name]
-      first = slots[segment.start + offset]
-      return jax.tree.map(lambda a: a[first:first + step * segment.groups:
-                                      step], tree)
+    # Each layer's place among its kind's layers of a group.
+    ranks, seen = [], collections.Counter()
+    for layer in layers:
+      ranks.append(seen[layer.kind.name])
+      seen[layer.kind.name] += 1
 
-    def group_step(x_BLD, group, layers=layers):
+    def grouped(tree, name, segment=segment, layers=layers):
+      # The kind's layers of this run, [groups, per group, ...]: they are a
+      # contiguous run of its stack, reshaped (not strided slices, whose
+      # gradients libtpu fails to compile: docs/aot_compile.md).
+      per_kind = per_group[name]
+      first = slots[segment.start + next(
+          i for i, layer in enumerate(layers) if layer.kind.name == name)]
+      return jax.tree.map(
+          lambda a: a[first:first + per_kind * segment.groups].reshape(
+              segment.groups, per_kind, *a.shape[1:]), tree)
+
+    def group_step(x_BLD, group, layers=layers, ranks=ranks):
       outputs = []
-      for layer, (layer_state, layer_cache) in zip(layers, group):
+      for layer, rank in zip(layers, ranks):
+        layer_state, layer_cache = jax.tree.map(lambda a, r=rank: a[r],
+                                                group[layer.kind.name])
         x_BLD, layer_cache, aux = run_block(
             nnx.merge(graphdefs[layer.kind.name], layer_state), x_BLD, layer,
             layer_cache)
         outputs.append((layer_cache, aux))
       return x_BLD, tuple(outputs)
 
-    # The scan hands each layer its parameters unsliced ([groups, ...] per
-    # offset in the group): autodiff then keeps them as residuals by
-    # reference instead of stacking a copy of every weight in the forward
-    # pass.
-    group_inputs = tuple(
-        strided((states[layer.kind.name],
-                 None if caches is None else caches[layer.kind.name]), offset)
-        for offset, layer in enumerate(layers))
+    # The scan hands each kind its parameters unsliced ([groups, ...]):
+    # autodiff then keeps them as residuals by reference instead of stacking
+    # a copy of every weight in the forward pass.
+    group_inputs = {
+        name: grouped((states[name],
+                       None if caches is None else caches[name]), name)
+        for name in per_group}
     x_BLD, outputs = jax.lax.scan(group_step, x_BLD, group_inputs)
     for name in per_group:
       # The kind's offsets, [groups, ...] each, interleave into its layers
