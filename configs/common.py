@@ -74,6 +74,13 @@ def model_defaults() -> ml_collections.ConfigDict:
       # Global layers rotate this fraction of their pairs (Gemma 4).
       rope_global_fraction=1.0,
       layer_scalar=False,  # A learned scalar multiplies each block's output.
+      # Gemma 4 e2b/e4b: each layer's own input of this width, from a second
+      # token embedding (0: off); the last kv_shared_layers layers attend
+      # over an earlier layer's keys and values, with an MLP of
+      # mlp_kv_shared_dim (0: mlp_dim).
+      per_layer_input_dim=0,
+      kv_shared_layers=0,
+      mlp_kv_shared_dim=0,
       # None: queries are scaled by head_dim**-0.5.
       query_pre_attn_scalar=ml_collections.FieldReference(None, float),
       attn_logit_softcap=0.0,

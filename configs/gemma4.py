@@ -12,13 +12,20 @@ few minutes:
 
 A published size (31b: google/gemma-4-31B, 30.70B parameters in its text
 decoder; 26b-a4b: google/gemma-4-26B-A4B, 25.2B, 3.8B of them used per
-token: 128 experts, 8 per token, next to a dense MLP in every layer):
+token: 128 experts, 8 per token, next to a dense MLP in every layer; e2b and
+e4b: google/gemma-4-E2B and -E4B, per-layer input embeddings (256 wide per
+layer) and keys and values shared across the last 20 and 18 layers, e2b's
+MLP twice as wide on those):
 
   tools/bazel run //maxtext/bin:aot_compile -- --config=configs/gemma4.py:31b
 
 Values follow the `text_config` of the Hugging Face configs of
-google/gemma-4-31B and google/gemma-4-26B-A4B. e2b and e4b (per-layer input
-embeddings, KV shared across the last layers) are not supported yet.
+google/gemma-4-31B and google/gemma-4-26B-A4B; e2b and e4b follow their
+published architecture (35 layers of width 1536, four local per global;
+42 of width 2560, five per global; windows of 512; one and two kv heads;
+values from their own projection), checked against the published totals in
+maxtext/models/gemma4_test.py (no model hub is reachable here to read their
+config.json).
 """
 
 import ml_collections
@@ -32,6 +39,15 @@ VARIANTS = {
                   global_head_dim=128, global_num_kv_heads=1,
                   sliding_window=128, global_layer_interval=3),
     "31b": dict(),
+    "e2b": dict(num_layers=35, embed_dim=1536, mlp_dim=6144, num_heads=8,
+                num_kv_heads=1, global_num_kv_heads=0,
+                attention_global_k_eq_v=False, sliding_window=512,
+                global_layer_interval=5, per_layer_input_dim=256,
+                kv_shared_layers=20, mlp_kv_shared_dim=12_288),
+    "e4b": dict(num_layers=42, embed_dim=2560, mlp_dim=10_240, num_heads=8,
+                num_kv_heads=2, global_num_kv_heads=0,
+                attention_global_k_eq_v=False, sliding_window=512,
+                per_layer_input_dim=256, kv_shared_layers=18),
     "26b-a4b": dict(num_layers=30, embed_dim=2816, mlp_dim=2112,
                     num_heads=16, num_kv_heads=8, global_num_kv_heads=2,
                     num_experts=128, num_experts_per_token=8,

@@ -18,6 +18,10 @@ Kinds, by what a `ModelConfig` sets:
   "global_blocks", "global_dense_blocks": either of the above for a global
     (full attention) layer whose attention has sizes of its own
     (`global_head_dim`, `global_num_kv_heads`: Gemma 4).
+  "shared_..." (after "global_"): a layer among the last `kv_shared_layers`,
+    which has no key and value projections: it attends over the keys and
+    values of the last earlier layer with its span (sliding window or
+    chunk, or neither), the layer that `stores_kv` (Gemma 4 e2b, e4b).
 The names keep the parameter paths of checkpoints written before kinds.
 
 Running: `segments(layers)` cuts the layers into runs, each a pattern of
@@ -57,6 +61,9 @@ class PatternConfig:
     moe_layer_interval: After those, layer `i` has experts when
       `(i + 1) % moe_layer_interval == 0` and the dense MLP otherwise
       (Llama 4's interleave_moe_layer_step); 1: every one has experts.
+    kv_shared_layers: The last this-many layers compute no keys and values
+      of their own: each attends over those of the last earlier layer with
+      its span (Gemma 4's num_kv_shared_layers); 0: none.
   """
 
   KEYS: ClassVar[dict[str, str]] = {
@@ -65,6 +72,7 @@ class PatternConfig:
       "global_layer_interval": "global_layer_interval",
       "first_dense_layers": "first_dense_layers",
       "moe_layer_interval": "moe_layer_interval",
+      "kv_shared_layers": "kv_shared_layers",
   }
 
   sliding_window: int = 0
@@ -72,13 +80,15 @@ class PatternConfig:
   global_layer_interval: int = 1
   first_dense_layers: int = 0
   moe_layer_interval: int = 1
+  kv_shared_layers: int = 0
 
   def __post_init__(self):
     def fail(field, valid):
       sections.fail_part(self, field, valid)
 
     for name in ("sliding_window", "attention_chunk_size",
-                 "global_layer_interval", "first_dense_layers"):
+                 "global_layer_interval", "first_dense_layers",
+                 "kv_shared_layers"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         fail(name, "must be an integer >= 0 (0 turns it off)")
@@ -134,30 +144,45 @@ class LayerKind:
     name: The decoder attribute holding this kind's parameter stack.
     experts: Routed experts in place of the dense MLP.
     global_sizes: Attention of `global_head_dim` and `global_num_kv_heads`.
+    kv_shared: No key and value projections: the layer attends over an
+      earlier layer's keys and values; its MLP is `mlp.kv_shared_dim` wide.
   """
   name: str
   experts: bool
   global_sizes: bool = False
+  kv_shared: bool = False
 
   def config(self, cfg: "ModelConfig") -> "ModelConfig":
-    """`cfg` as this kind's blocks read it: its attention sizes in place of
-    the model's."""
-    if not self.global_sizes:
+    """`cfg` as this kind's blocks read it: its attention sizes and MLP
+    width in place of the model's."""
+    attention, mlp = cfg.attention, cfg.mlp
+    if self.global_sizes:
+      attention = attention.global_sizes()
+    if self.kv_shared and mlp.kv_shared_dim:
+      mlp = dataclasses.replace(mlp, dim=mlp.kv_shared_dim)
+    if (attention, mlp) == (cfg.attention, cfg.mlp):
       return cfg
-    return dataclasses.replace(cfg, attention=cfg.attention.global_sizes())
+    return dataclasses.replace(cfg, attention=attention, mlp=mlp)
 
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
   """One decoder layer: its kind, its sliding window and its attention
-  chunk (None: none; a layer with neither is global)."""
+  chunk (None: none; a layer with neither is global); `stores_kv`: later
+  layers of its span (`kv_shared` kinds) attend over its keys and values."""
   kind: LayerKind
   window: int | None
   chunk: int | None = None
+  stores_kv: bool = False
 
   @property
   def is_global(self) -> bool:
     return self.window is None and self.chunk is None
+
+  @property
+  def span(self) -> tuple[int | None, int | None]:
+    """(window, chunk): layers with equal spans can share keys and values."""
+    return self.window, self.chunk
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,15 +197,30 @@ class Segment:
 def layers(cfg: "ModelConfig") -> tuple[Layer, ...]:
   """Every layer of `cfg`, in order."""
   global_sizes = cfg.attention.global_sizes_key() is not None
+  spans = list(zip(cfg.layer_windows(), cfg.pattern.chunks(cfg.num_layers)))
+  first_shared = cfg.num_layers - cfg.pattern.kv_shared_layers
+  stores = kv_sources(spans, first_shared).values()
   result = []
-  for index, (window, chunk) in enumerate(zip(
-      cfg.layer_windows(), cfg.pattern.chunks(cfg.num_layers))):
+  for index, (window, chunk) in enumerate(spans):
     experts = cfg.moe_layer(index)
     sized = global_sizes and window is None and chunk is None
-    name = ("global_" if sized else "") + (
+    shared = index >= first_shared
+    name = ("global_" if sized else "") + ("shared_" if shared else "") + (
         "dense_" if cfg.moe.num_experts and not experts else "") + "blocks"
-    result.append(Layer(LayerKind(name, experts, sized), window, chunk))
+    result.append(Layer(LayerKind(name, experts, sized, shared), window,
+                        chunk, stores_kv=index in stores))
   return tuple(result)
+
+
+def kv_sources(spans: list[tuple[int | None, int | None]],
+               first_shared: int) -> dict[tuple[int | None, int | None],
+                                          int | None]:
+  """{span of a layer from `first_shared` on: the last earlier layer with
+  that span (None if there is none)}, spans being each layer's (window,
+  chunk)."""
+  return {span: max((i for i in range(first_shared) if spans[i] == span),
+                    default=None)
+          for span in spans[first_shared:]}
 
 
 def kind_counts(cfg: "ModelConfig") -> dict[LayerKind, int]:

@@ -92,6 +92,46 @@ class LayerPatternTest(absltest.TestCase):
     self.assertTrue(kinds["global_blocks"].experts)
     self.assertFalse(kinds["dense_blocks"].experts)
 
+  def test_kv_shared_layers_read_the_last_earlier_layer_of_their_span(self):
+    """Gemma 4 e2b's shape: the last layers are kinds without key and value
+    projections (their MLP as wide as mlp_kv_shared_dim); the last earlier
+    layer of each of their spans stores its keys and values."""
+    cfg = _cfg(sliding_window=3, global_layer_interval=3, global_head_dim=16,
+               kv_shared_layers=4, mlp_kv_shared_dim=96)
+    layers = layer_pattern.layers(cfg)
+    self.assertEqual(_names(cfg), ["blocks", "blocks", "global_blocks"] * 2
+                     + ["shared_blocks", "shared_blocks",
+                        "global_shared_blocks", "shared_blocks"])
+    self.assertEqual([i for i, layer in enumerate(layers) if layer.stores_kv],
+                     [4, 5])
+    kinds = {kind.name: kind for kind in layer_pattern.kinds(cfg)}
+    self.assertEqual(kinds["shared_blocks"].config(cfg).mlp.dim, 96)
+    self.assertEqual(kinds["global_shared_blocks"].config(cfg).mlp.dim, 96)
+    self.assertEqual(
+        kinds["global_shared_blocks"].config(cfg).attention.head_dim, 16)
+    self.assertEqual(kinds["blocks"].config(cfg).mlp.dim, 48)
+    # Storing layers are unique, so their runs have one group.
+    for segment in layer_pattern.segments(layers):
+      run = layers[segment.start:segment.start + segment.period]
+      if any(layer.stores_kv for layer in run):
+        self.assertEqual(segment.groups, 1)
+    with self.assertRaisesRegex(ValueError, "kv_shared_layers=8 is invalid: leaves no "
+                                r"layer before layer 2 with the span \(global"
+                                r"\)"):
+      _cfg(sliding_window=3, global_layer_interval=3, kv_shared_layers=8)
+    with self.assertRaisesRegex(ValueError, "kv_shared_layers=10 is invalid: must be "
+                                "below num_layers=10"):
+      _cfg(kv_shared_layers=10)
+    with self.assertRaisesRegex(ValueError, "mlp_kv_shared_dim=96.*"
+                                "kv_shared_layers=0"):
+      _cfg(mlp_kv_shared_dim=96)
+    with self.assertRaisesRegex(ValueError, "kv_shared_layers=-1"):
+      _cfg(kv_shared_layers=-1)
+    with self.assertRaisesRegex(ValueError, "kv_shared_layers=2 is invalid: needs "
+                                'attention_type="gqa"'):
+      _cfg(attention_type="mla", num_kv_heads=4, kv_lora_rank=8,
+           qk_nope_head_dim=8, v_head_dim=8, kv_shared_layers=2)
+
   def test_kind_layers_and_slots_agree(self):
     cfg = _mixed()
     pattern = layer_pattern.layers(cfg)

@@ -8,6 +8,8 @@ the section key, its value and what would be valid (`fail`).
 
 from typing import Any
 
+from maxtext.common import layer_pattern as pattern_lib
+
 
 def fail(field: str, value: Any, valid: str) -> None:
   """Raises the error of a bad key of the `model` section."""
@@ -85,3 +87,33 @@ def check_mla(self) -> None:
       ("attention_chunk_size", self.pattern.attention_chunk_size)):
     if value:
       fail(name, value, 'is not supported with attention_type="mla"')
+
+
+def check_kv_sharing(self) -> None:
+  """Layers that share keys and values need an earlier layer of their span
+  to read them from, GQA attention, and `mlp_kv_shared_dim` needs them."""
+  shared = self.pattern.kv_shared_layers
+  if not shared:
+    if self.mlp.kv_shared_dim:
+      fail("mlp_kv_shared_dim", self.mlp.kv_shared_dim,
+           "sizes the MLP of layers that share keys and values, and "
+           "kv_shared_layers=0; use 0")
+    return
+  if shared >= self.num_layers:
+    fail("kv_shared_layers", shared,
+         f"must be below num_layers={self.num_layers} (the first layer "
+         "computes its keys and values)")
+  if self.attention.type != "gqa":
+    fail("kv_shared_layers", shared,
+         f'needs attention_type="gqa", not {self.attention.type!r}')
+  spans = list(zip(self.layer_windows(),
+                   self.pattern.chunks(self.num_layers)))
+  first = self.num_layers - shared
+  for (window, chunk), source in pattern_lib.kv_sources(spans,
+                                                         first).items():
+    if source is None:
+      what = ("global" if window is None and chunk is None else
+              f"sliding_window={window}" if window else f"chunk={chunk}")
+      fail("kv_shared_layers", shared,
+           f"leaves no layer before layer {first} with the span ({what}) "
+           "of a layer that shares keys and values, to read them from")

@@ -109,6 +109,13 @@ class ModelConfig:
     layer_scalar: Each block multiplies its output, the whole residual
       stream, by a scalar parameter of its own (Gemma 4's layer_scalar;
       initialised to 1).
+    per_layer_input_dim: Width P of each layer's own input (Gemma 4 e2b and
+      e4b's per-layer embeddings; 0: none): a token embedding of width
+      num_layers * P (times sqrt(P)) plus a projection of the embedded
+      tokens (times embed_dim^-1/2, then RMS-normalised over each layer's
+      P), times 2^-1/2. After its MLP each block adds
+      `post_norm(project(unit(gate(x), input)))`, `unit` the MLP's gated
+      unit (`maxtext.models.block`).
   """
 
   # Keys moved to other sections (`sections.build_section` names them).
@@ -138,6 +145,7 @@ class ModelConfig:
   scale_embeddings: bool = False
   final_logit_softcap: float = 0.0
   layer_scalar: bool = False
+  per_layer_input_dim: int = 0
 
   @classmethod
   def _flat_fields(cls) -> Iterator[tuple[str, Any, dataclasses.Field]]:
@@ -228,6 +236,10 @@ class ModelConfig:
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in DTYPES:
         _fail(name, getattr(self, name), f"valid values are {DTYPES}")
+    if isinstance(self.per_layer_input_dim, bool) or not isinstance(
+        self.per_layer_input_dim, int) or self.per_layer_input_dim < 0:
+      _fail("per_layer_input_dim", self.per_layer_input_dim,
+            "must be an integer >= 0 (0 turns it off)")
     if self.final_logit_softcap < 0:
       _fail("final_logit_softcap", self.final_logit_softcap,
             "must be >= 0 (0 turns it off)")
@@ -241,6 +253,7 @@ class ModelConfig:
     model_checks.check_global_sizes(self)
     model_checks.check_nope(self)
     model_checks.check_mla(self)
+    model_checks.check_kv_sharing(self)
 
   def moe_layer(self, layer: int) -> bool:
     """Whether layer `layer` (0-based) has experts instead of a dense MLP."""

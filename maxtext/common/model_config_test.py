@@ -131,6 +131,10 @@ class ModelConfigTest(parameterized.TestCase):
        "first_dense_layers=8", "below num_layers=8"),
       ("dense_layers_without_experts", dict(first_dense_layers=1),
        "num_experts=0", "first_dense_layers is set"),
+      ("per_layer_inputs", dict(per_layer_input_dim=-8),
+       "per_layer_input_dim=-8", ">= 0"),
+      ("kv_shared_mlp", dict(kv_shared_layers=2, mlp_kv_shared_dim=-1),
+       "mlp_kv_shared_dim=-1", ">= 0"),
   )
   def test_invalid_value_names_field_value_and_valid_values(
       self, override, field_and_value, valid):

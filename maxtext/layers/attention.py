@@ -208,12 +208,16 @@ class Attention(nnx.Module):
   `cfg.output_bias` the output projection; with `cfg.sinks` each query
   head has a learned sink logit `sinks` [H] (float32 in the kernel)
   joining its softmax denominator, in training and decoding alike.
+
+  With `kv_shared` (a layer kind that shares keys and values:
+  `maxtext.common.layer_pattern`) the layer has no key and value
+  projections (nor key norm) and attends over another layer's.
   """
 
   def __init__(self, cfg: AttentionConfig, *, embed_dim: int,
                norm_config: norm.NormConfig, dtype: str, param_dtype: str,
                kernel: attention_dispatch.Kernel = attention_dispatch.Kernel(),
-               rngs: nnx.Rngs):
+               rngs: nnx.Rngs, kv_shared: bool = False):
     def project(in_shape, out_shape, in_axes, out_axes, use_bias=False):
       return linear.Linear(in_shape, out_shape, in_axes=in_axes,
                            out_axes=out_axes, dtype=dtype,
@@ -224,9 +228,10 @@ class Attention(nnx.Module):
     kv_heads = (cfg.num_kv_heads, cfg.head_dim)
     self.query = project((embed_dim,), heads, (axes.EMBED,),
                          (axes.HEADS, axes.HEAD_DIM), cfg.qkv_bias)
-    self.key = project((embed_dim,), kv_heads, (axes.EMBED,),
-                       (axes.KV_HEADS, axes.HEAD_DIM), cfg.qkv_bias)
-    self.value = (None if cfg.k_eq_v else
+    self.key = (None if kv_shared else
+                project((embed_dim,), kv_heads, (axes.EMBED,),
+                        (axes.KV_HEADS, axes.HEAD_DIM), cfg.qkv_bias))
+    self.value = (None if cfg.k_eq_v or kv_shared else
                   project((embed_dim,), kv_heads, (axes.EMBED,),
                           (axes.KV_HEADS, axes.HEAD_DIM), cfg.qkv_bias))
     self.output = project(heads, (embed_dim,), (axes.HEADS, axes.HEAD_DIM),
@@ -245,7 +250,8 @@ class Attention(nnx.Module):
                                     param_dtype=param_dtype)
 
       self.query_norm = qk_norm(cfg.num_heads, axes.HEADS)
-      self.key_norm = qk_norm(cfg.num_kv_heads, axes.KV_HEADS)
+      self.key_norm = (None if kv_shared else
+                       qk_norm(cfg.num_kv_heads, axes.KV_HEADS))
     else:
       self.query_norm = self.key_norm = None
     self.kernel = kernel
@@ -265,6 +271,7 @@ class Attention(nnx.Module):
       segment_ids_BL: jax.Array | None = None,
       cache: kv_cache_lib.KVCache | kv_cache_lib.PagedView | None = None,
       positions_BL: jax.Array | None = None,
+      kv: tuple[jax.Array, jax.Array] | None = None,
   ) -> jax.Array | tuple[jax.Array, kv_cache_lib.KVCache |
                          kv_cache_lib.PagedView]:
     """Attends causally; `window` limits how far back a query looks, `chunk`
@@ -274,40 +281,37 @@ class Attention(nnx.Module):
     a cache). With `cache`, the tokens (consecutive in each row) are written
     to the cache and attend over it; returns (output, cache). Packed
     sequences (`segment_ids_BL`) are not supported with a cache.
+
+    Without a cache, `kv` is these tokens' (keys, values) from
+    `keys_values` (of this layer, or of the layer whose keys and values a
+    `kv_shared` layer reads; None: computed here). A `kv_shared` layer
+    reads `cache` (that layer's, already written) and writes nothing.
     """
     if cache is None and positions_BL is None:
       positions_BL = jnp.broadcast_to(jnp.arange(x_BLD.shape[1]),
                                       x_BLD.shape[:2])
     q_names = (axes.BATCH, axes.LENGTH, axes.HEADS, axes.HEAD_DIM)
-    # Ring attention (training) keeps keys and values split along the
-    # length like the queries; otherwise they are gathered whole.
-    ring = cache is None and self.kernel.context_parallel == "ring"
-    kv_names = (axes.BATCH, axes.LENGTH if ring else axes.KV_LENGTH,
-                axes.KV_HEADS, axes.HEAD_DIM)
     q_BLHK = checkpoint_name(self.query(x_BLD), "query_proj")
-    k_BLGK = checkpoint_name(self.key(x_BLD), "key_proj")
-    v_BLGK = (k_BLGK if self.value is None else
-              checkpoint_name(self.value(x_BLD), "value_proj"))
-    if self.value_norm_eps is not None:
-      v_BLGK = norm.normalize(v_BLGK, self.value_norm_eps).astype(
-          v_BLGK.dtype)
     if self.query_norm is not None:
       q_BLHK = self.query_norm(q_BLHK)
-      k_BLGK = self.key_norm(k_BLGK)
     if rotary is not None:
-      q_BLHK, k_BLGK = rotary.apply(q_BLHK), rotary.apply(k_BLGK)
+      q_BLHK = rotary.apply(q_BLHK)
       if self.l2_norm_eps is not None:
         q_BLHK = norm.normalize(q_BLHK, self.l2_norm_eps).astype(q_BLHK.dtype)
-        k_BLGK = norm.normalize(k_BLGK, self.l2_norm_eps).astype(k_BLGK.dtype)
     elif self.temperature_config is not None:
       q_BLHK = (q_BLHK * self.temperature_config.temperature(
           positions_BL)).astype(q_BLHK.dtype)
     q_BLHK = axes.constrain(q_BLHK, q_names)
-    k_BLGK = axes.constrain(k_BLGK, kv_names)
-    v_BLGK = axes.constrain(v_BLGK, kv_names)
+    shared = self.key is None
+    if shared and (kv is None) == (cache is None):
+      raise ValueError("A layer that shares keys and values needs exactly "
+                       "one of kv= (no cache) and cache= (another layer's).")
+    if kv is None and not shared:
+      kv = self.keys_values(x_BLD, rotary, ring=cache is None)
     sinks_H = (None if self.sinks is None
                else self.sinks[...].astype(jnp.float32))
     if cache is None:
+      k_BLGK, v_BLGK = kv
       if chunk is not None:
         segment_ids_BL = attention_kernels.chunk_segment_ids(
             positions_BL, chunk, segment_ids_BL)
@@ -317,13 +321,41 @@ class Attention(nnx.Module):
                            logit_softcap=self.logit_softcap, sinks_H=sinks_H)
     else:
       kv_cache_lib.check_decode_args(segment_ids_BL, positions_BL)
-      cache = cache.write(k_BLGK, v_BLGK, positions_BL[:, 0])
+      if not shared:
+        cache = cache.write(*kv, positions_BL[:, 0])
       o_BLHK = self._attend_cache(q_BLHK, cache, positions_BL, window, chunk,
                                   sinks_H)
     o_BLHK = checkpoint_name(axes.constrain(o_BLHK, q_names),
                              "attention_context")
     out_BLD = checkpoint_name(self.output(o_BLHK), "out_proj")
     return out_BLD if cache is None else (out_BLD, cache)
+
+  def keys_values(self, x_BLD: jax.Array, rotary: rope.Rotary | None, *,
+                  ring: bool = True) -> tuple[jax.Array, jax.Array]:
+    """The keys and values [B, L, G, K] of `x_BLD`: projected (values: the
+    keys' projection with `cfg.k_eq_v`, then normalised with
+    `cfg.value_norm`), keys normalised and rotated (then L2-normalised).
+
+    `ring`: ring attention (training) keeps them split along the length
+    like the queries; otherwise (decoding) they are gathered whole.
+    """
+    ring = ring and self.kernel.context_parallel == "ring"
+    kv_names = (axes.BATCH, axes.LENGTH if ring else axes.KV_LENGTH,
+                axes.KV_HEADS, axes.HEAD_DIM)
+    k_BLGK = checkpoint_name(self.key(x_BLD), "key_proj")
+    v_BLGK = (k_BLGK if self.value is None else
+              checkpoint_name(self.value(x_BLD), "value_proj"))
+    if self.value_norm_eps is not None:
+      v_BLGK = norm.normalize(v_BLGK, self.value_norm_eps).astype(
+          v_BLGK.dtype)
+    if self.key_norm is not None:
+      k_BLGK = self.key_norm(k_BLGK)
+    if rotary is not None:
+      k_BLGK = rotary.apply(k_BLGK)
+      if self.l2_norm_eps is not None:
+        k_BLGK = norm.normalize(k_BLGK, self.l2_norm_eps).astype(k_BLGK.dtype)
+    return (axes.constrain(k_BLGK, kv_names),
+            axes.constrain(v_BLGK, kv_names))
 
   def _attend_cache(self, q_BLHK, cache, positions_BL, window, chunk,
                     sinks_H):

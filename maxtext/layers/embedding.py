@@ -16,13 +16,17 @@ class Embedder(nnx.Module):
 
   def __init__(self, vocab_size: int, embed_dim: int, *,
                scale_by_sqrt_dim: bool, dtype: str, param_dtype: str,
-               rngs: nnx.Rngs):
+               rngs: nnx.Rngs, multiplier: float | None = None):
+    """`multiplier`: of the vectors, in place of sqrt(embed_dim) (or 1 when
+    not `scale_by_sqrt_dim`)."""
     init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal",
                                              in_axis=1, out_axis=0)
     self.embedding = axes.param(
         init(rngs.params(), (vocab_size, embed_dim), jnp.dtype(param_dtype)),
         (axes.VOCAB, axes.EMBED))
-    self.multiplier = embed_dim**0.5 if scale_by_sqrt_dim else 1.0
+    if multiplier is None:
+      multiplier = embed_dim**0.5 if scale_by_sqrt_dim else 1.0
+    self.multiplier = multiplier
     self.dtype = jnp.dtype(dtype)
 
   def __call__(self, tokens_BL: jax.Array) -> jax.Array:

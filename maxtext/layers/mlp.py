@@ -44,18 +44,27 @@ class MlpConfig:
     dim: Hidden width (F).
     activation: Gated unit, of the MLP and of the experts: "silu" (SwiGLU),
       "gelu_tanh" (GeGLU) or "clamped_swiglu" (GPT-OSS; `clamped_swiglu`).
+    kv_shared_dim: Hidden width of the MLP of the layers that share keys
+      and values (`PatternConfig.kv_shared_layers`; Gemma 4 e2b's
+      double-wide MLP); 0: `dim`.
   """
 
   KEYS: ClassVar[dict[str, str]] = {"dim": "mlp_dim",
-                                    "activation": "mlp_activation"}
+                                    "activation": "mlp_activation",
+                                    "kv_shared_dim": "mlp_kv_shared_dim"}
 
   dim: int
   activation: str = "silu"
+  kv_shared_dim: int = 0
 
   def __post_init__(self):
     if isinstance(self.dim, bool) or not isinstance(self.dim, int) or (
         self.dim < 1):
       sections.fail_part(self, "dim", "must be a positive integer")
+    if isinstance(self.kv_shared_dim, bool) or not isinstance(
+        self.kv_shared_dim, int) or self.kv_shared_dim < 0:
+      sections.fail_part(self, "kv_shared_dim",
+                         "must be an integer >= 0 (0: mlp_dim)")
     if self.activation not in GATED_UNITS:
       sections.fail_part(self, "activation",
                          f"valid values are {tuple(GATED_UNITS)}")

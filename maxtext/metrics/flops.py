@@ -13,7 +13,11 @@ its router D*E, the k routed experts it goes to and the shared experts,
 `first_dense_layers`, those between `moe_layer_interval`) have the dense MLP,
 and so do expert layers with `moe_with_mlp` (Gemma 4 26b-a4b), as well.
 Each layer counts with its kind's sizes (`maxtext.common.layer_pattern`:
-Gemma 4's global layers have their own head size).
+Gemma 4's global layers have their own head size; layers that share another
+layer's keys and values have no key and value projections). Per-layer inputs
+(`per_layer_input_dim` P, Gemma 4 e2b/e4b) add the model's projection
+D*layers*P and each layer's gate and projection 2*D*P (their token
+embedding is a lookup).
 
 Attention (scores Q.K and the weighted sum P.V): 2 * 2 * H * K FLOPs per
 attended key in the forward pass, 3x that for training, so
@@ -50,9 +54,14 @@ PEAK_FLOPS_BY_DEVICE_KIND = (
 def matmul_params(cfg: ModelConfig) -> int:
   """Parameters used in matmuls by one token, output head included (and
   the multi-token prediction modules, which training runs too)."""
-  layers = sum(attention_params(layer.kind.config(cfg)) +
-               mlp_params_per_token(cfg, layer.kind.experts)
+  layers = sum(attention_params(layer.kind.config(cfg),
+                                kv_shared=layer.kind.kv_shared) +
+               mlp_params_per_token(layer.kind.config(cfg),
+                                    layer.kind.experts)
                for layer in layer_pattern.layers(cfg))
+  # Per-layer inputs: the model's projection, each layer's gate and
+  # projection.
+  layers += 3 * cfg.num_layers * cfg.embed_dim * cfg.per_layer_input_dim
   head = cfg.embed_dim * cfg.vocab_size
   # Multi-token prediction depths: projection, one block (with experts when
   # the model has them), the shared head.
@@ -62,11 +71,12 @@ def matmul_params(cfg: ModelConfig) -> int:
   return layers + head + mtp
 
 
-def attention_params(cfg: ModelConfig) -> int:
-  """Matmul parameters of one layer's attention (projections only)."""
+def attention_params(cfg: ModelConfig, *, kv_shared: bool = False) -> int:
+  """Matmul parameters of one layer's attention (projections only);
+  `kv_shared`: it reads another layer's keys and values."""
   if cfg.attention.type != "mla":
     # Values are the keys' projection with k_eq_v (Gemma 4's global layers).
-    kv = 1 if cfg.attention.k_eq_v else 2
+    kv = 0 if kv_shared else 1 if cfg.attention.k_eq_v else 2
     return cfg.embed_dim * cfg.attention.head_dim * (
         2 * cfg.attention.num_heads + kv * cfg.attention.num_kv_heads)
   heads = cfg.attention.num_heads

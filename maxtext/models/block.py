@@ -1,10 +1,13 @@
 """One decoder layer: `Block` (attention then MLP or experts, pre-norm and
 optional post-norms), built for its layer kind
 (`maxtext.common.layer_pattern`), and how the decoder runs one
-(`block_runner`: rotary per window and head size, KV cache or remat policy).
+(`block_runner`: rotary per window and head size, KV cache or remat policy,
+the layer's own inputs: `LayerInputs`).
 
 Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +19,7 @@ from maxtext.common.model_config import ModelConfig
 from maxtext.kernels import dispatch
 from maxtext.layers import attention
 from maxtext.layers import kv_cache as kv_cache_lib
+from maxtext.layers import linear
 from maxtext.layers import mla
 from maxtext.layers import mlp
 from maxtext.layers import moe
@@ -27,19 +31,35 @@ from maxtext.layers import rope
 RESIDUAL = (axes.BATCH, axes.LENGTH, axes.EMBED)
 
 
+class LayerInputs(NamedTuple):
+  """What one layer reads besides the residual stream (None: nothing).
+
+  Attributes:
+    per_layer_BLP: Its own input (`ModelConfig.per_layer_input_dim`).
+    kv: For a layer that shares keys and values (`LayerKind.kv_shared`),
+      the (keys, values) of the layer that stores them, without a KV cache
+      (with one, that layer's cache is this layer's `cache`, read only).
+  """
+  per_layer_BLP: jax.Array | None = None
+  kv: tuple[jax.Array, jax.Array] | None = None
+
+
 def embed_norm(cfg: ModelConfig) -> norm.RMSNorm:
   return cfg.norm.rms_norm(cfg.embed_dim, axis_name=axes.EMBED,
                            param_dtype=cfg.param_dtype)
 
 
 def make_attention(cfg: ModelConfig, *, kernel: dispatch.Kernel,
-                   rngs: nnx.Rngs) -> attention.Attention | mla.MLA:
-  """The attention of `cfg` (GQA or MLA) from its parts."""
+                   rngs: nnx.Rngs, kv_shared: bool = False
+                   ) -> attention.Attention | mla.MLA:
+  """The attention of `cfg` (GQA or MLA) from its parts; `kv_shared`: it
+  reads another layer's keys and values."""
   widths = dict(embed_dim=cfg.embed_dim, dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype, kernel=kernel, rngs=rngs)
   if cfg.attention.type == "mla":
     return mla.MLA(cfg.attention, cfg.mla, cfg.rope, **widths)
-  return attention.Attention(cfg.attention, norm_config=cfg.norm, **widths)
+  return attention.Attention(cfg.attention, norm_config=cfg.norm,
+                             kv_shared=kv_shared, **widths)
 
 
 class Block(nnx.Module):
@@ -51,14 +71,21 @@ class Block(nnx.Module):
   side by side on the same stream, each between norms of its own (dense:
   `pre_mlp_norm`, `post_dense_norm`; experts: `pre_moe_norm`,
   `post_moe_norm`), and adds their outputs before `post_mlp_norm`
-  (Gemma 4 26b-a4b)."""
+  (Gemma 4 26b-a4b).
+
+  With `cfg.per_layer_input_dim` P, after the MLP's residual add the block
+  adds `post_per_layer_norm(per_layer_projection(unit(per_layer_gate(x),
+  per_layer_BLP)))`, `unit` the MLP's gated unit (`mlp.GATED_UNITS`: for
+  GeGLU `gelu(gate) * input`), `per_layer_gate` D -> P and
+  `per_layer_projection` P -> D (Gemma 4 e2b, e4b)."""
 
   def __init__(self, cfg: ModelConfig, kind: layer_pattern.LayerKind, *,
                kernel: dispatch.Kernel, rngs: nnx.Rngs):
     experts = kind.experts
     cfg = kind.config(cfg)
     self.pre_attention_norm = embed_norm(cfg) if cfg.pre_norms else None
-    self.attention = make_attention(cfg, kernel=kernel, rngs=rngs)
+    self.attention = make_attention(cfg, kernel=kernel, rngs=rngs,
+                                    kv_shared=kind.kv_shared)
     self.post_attention_norm = embed_norm(cfg) if cfg.post_norms else None
     self.pre_mlp_norm = embed_norm(cfg) if cfg.pre_norms else None
     widths = dict(embed_dim=cfg.embed_dim, dtype=cfg.dtype,
@@ -76,18 +103,40 @@ class Block(nnx.Module):
     self.post_mlp_norm = embed_norm(cfg) if cfg.post_norms else None
     self.scalar = (axes.param(jnp.ones((1,), cfg.param_dtype), (None,))
                    if cfg.layer_scalar else None)
+    width = cfg.per_layer_input_dim
+    dtypes = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+    self.per_layer_gate = linear.Linear(
+        (cfg.embed_dim,), (width,), in_axes=(axes.EMBED,), out_axes=(None,),
+        **dtypes) if width else None
+    self.per_layer_projection = linear.Linear(
+        (width,), (cfg.embed_dim,), in_axes=(None,), out_axes=(axes.EMBED,),
+        **dtypes) if width else None
+    self.post_per_layer_norm = embed_norm(cfg) if width else None
+    self.gated_unit = mlp.GATED_UNITS[cfg.mlp.activation]
 
   def __call__(self, x_BLD: jax.Array, rotary: rope.Rotary | None, *,
                window: int | None, chunk: int | None = None,
                segment_ids_BL: jax.Array | None,
                positions_BL: jax.Array | None = None,
-               cache: kv_cache_lib.KVCache | None = None):
-    """Returns (new residual stream, cache or None, moe aux dict or None);
-    `rotary` None: the layer has none."""
-    h_BLD = self.attention(_norm(self.pre_attention_norm, x_BLD), rotary,
-                           window=window, chunk=chunk,
+               cache: kv_cache_lib.KVCache | None = None,
+               inputs: LayerInputs = LayerInputs(),
+               store_kv: bool = False):
+    """Returns (new residual stream, cache or None, moe aux dict or None,
+    its keys and values or None); `rotary` None: the layer has none.
+
+    `inputs`: the layer's own input and, for a layer that shares keys and
+    values, another layer's. `store_kv` (no cache): return this layer's
+    keys and values for the layers that share them.
+    """
+    h_BLD = _norm(self.pre_attention_norm, x_BLD)
+    kv = inputs.kv
+    if store_kv and cache is None:
+      kv = self.attention.keys_values(h_BLD, rotary)
+    # Only GQA layers share keys and values (MLA takes no `kv`).
+    shared = {} if kv is None else {"kv": kv}
+    h_BLD = self.attention(h_BLD, rotary, window=window, chunk=chunk,
                            segment_ids_BL=segment_ids_BL, cache=cache,
-                           positions_BL=positions_BL)
+                           positions_BL=positions_BL, **shared)
     if cache is not None:
       h_BLD, cache = h_BLD
     if self.post_attention_norm is not None:
@@ -106,9 +155,14 @@ class Block(nnx.Module):
     if self.post_mlp_norm is not None:
       h_BLD = self.post_mlp_norm(h_BLD)
     x_BLD = x_BLD + h_BLD
+    if self.per_layer_gate is not None:
+      h_BLP = self.gated_unit(self.per_layer_gate(x_BLD),
+                              inputs.per_layer_BLP.astype(x_BLD.dtype))
+      x_BLD = x_BLD + self.post_per_layer_norm(
+          self.per_layer_projection(h_BLP))
     if self.scalar is not None:
       x_BLD = x_BLD * self.scalar[...].astype(x_BLD.dtype)
-    return x_BLD, cache, aux
+    return x_BLD, cache, aux, kv if store_kv else None
 
 
 def _norm(norm_layer: norm.RMSNorm | None, x_BLD: jax.Array) -> jax.Array:
@@ -116,20 +170,22 @@ def _norm(norm_layer: norm.RMSNorm | None, x_BLD: jax.Array) -> jax.Array:
 
 
 def _with_remat(call_block, cfg: ModelConfig, config: remat.RematConfig):
-  """`call_block(block, x_BLD, layer) -> (x_BLD, aux)` under `config`."""
+  """`call_block(block, x_BLD, layer, inputs) -> (x_BLD, aux, kv)` under
+  `config`."""
   if config.policy == "none":
     return call_block
 
-  def run_block(block: Block, x_BLD: jax.Array, layer: layer_pattern.Layer):
+  def run_block(block: Block, x_BLD: jax.Array, layer: layer_pattern.Layer,
+                inputs: LayerInputs):
     graphdef, state = nnx.split(block)
 
-    def apply(state, x_BLD):
-      return call_block(nnx.merge(graphdef, state), x_BLD, layer)
+    def apply(state, x_BLD, inputs):
+      return call_block(nnx.merge(graphdef, state), x_BLD, layer, inputs)
 
     # Inside a scan, CSE cannot merge the recomputation; skip its barrier.
     return remat.remat(apply, config.policy,
                        prevent_cse=not cfg.scan_layers,
-                       custom=config.custom)(state, x_BLD)
+                       custom=config.custom)(state, x_BLD, inputs)
 
   return run_block
 
@@ -138,13 +194,16 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
                  positions_BL: jax.Array, segment_ids_BL: jax.Array | None, *,
                  cached: bool, page_table_BN: jax.Array | None = None,
                  remat_config: remat.RematConfig = remat.RematConfig()):
-  """`run_block(block, x_BLD, layer, layer_cache) -> (x_BLD, layer_cache,
-  aux)` for the layers of `pattern`, aux the block's MoE aux dict or None.
+  """`run_block(block, x_BLD, layer, layer_cache, inputs) -> (x_BLD,
+  layer_cache, aux, kv)` for the layers of `pattern`, `inputs` its
+  `LayerInputs`, aux the block's MoE aux dict or None, kv the keys and
+  values of a layer that `stores_kv` (without a cache), else None.
 
   With `cached`, each block reads and writes its layer's KV cache at
   `positions_BL` (a `PagedKVCache` through `page_table_BN`, which every
-  layer shares); otherwise `layer_cache` is None and each block runs under
-  `remat_config`.
+  layer shares); a layer that shares keys and values gets the cache of the
+  layer that stores them, reads it and returns it unchanged. Otherwise
+  `layer_cache` is None and each block runs under `remat_config`.
   """
   rotaries = {None: None}  # Built here, outside the layers' scans, once
   for layer in pattern:     # per key.
@@ -157,31 +216,32 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
     return rotaries[_rotary_key(cfg, layer)]
 
   if cached:
-    def run_block(block, x_BLD, layer, layer_cache):
+    def run_block(block, x_BLD, layer, layer_cache, inputs):
       if page_table_BN is not None:
         layer_cache = kv_cache_lib.PagedView(layer_cache, page_table_BN)
-      x_BLD, layer_cache, aux = block(x_BLD, rotary_of(layer),
-                                      window=layer.window, chunk=layer.chunk,
-                                      segment_ids_BL=segment_ids_BL,
-                                      positions_BL=positions_BL,
-                                      cache=layer_cache)
+      x_BLD, layer_cache, aux, _ = block(
+          x_BLD, rotary_of(layer), window=layer.window, chunk=layer.chunk,
+          segment_ids_BL=segment_ids_BL, positions_BL=positions_BL,
+          cache=layer_cache, inputs=inputs)
       if page_table_BN is not None:
         layer_cache = layer_cache.pages
-      return axes.constrain(x_BLD, RESIDUAL), layer_cache, aux
+      return axes.constrain(x_BLD, RESIDUAL), layer_cache, aux, None
     return run_block
 
-  def call_block(block: Block, x_BLD: jax.Array, layer):
-    x_BLD, _, aux = block(x_BLD, rotary_of(layer), window=layer.window,
-                          chunk=layer.chunk, segment_ids_BL=segment_ids_BL,
-                          positions_BL=positions_BL)
-    return axes.constrain(x_BLD, RESIDUAL), aux
+  def call_block(block: Block, x_BLD: jax.Array, layer, inputs):
+    x_BLD, _, aux, kv = block(x_BLD, rotary_of(layer), window=layer.window,
+                              chunk=layer.chunk,
+                              segment_ids_BL=segment_ids_BL,
+                              positions_BL=positions_BL, inputs=inputs,
+                              store_kv=layer.stores_kv)
+    return axes.constrain(x_BLD, RESIDUAL), aux, kv
 
   remat_block = _with_remat(call_block, cfg, remat_config)
 
-  def run_remat_block(block, x_BLD, layer, layer_cache):
+  def run_remat_block(block, x_BLD, layer, layer_cache, inputs):
     del layer_cache  # None.
-    x_BLD, aux = remat_block(block, x_BLD, layer)
-    return x_BLD, None, aux
+    x_BLD, aux, kv = remat_block(block, x_BLD, layer, inputs)
+    return x_BLD, None, aux, kv
   return run_remat_block
 
 

@@ -20,6 +20,18 @@ Layouts of each kind's parameters:
     stack sliced with a stride, unsliced by the scan.
   scan_layers=False: an `nnx.List` of `Block`s per kind, one per layer.
 
+Per-layer inputs (`cfg.per_layer_input_dim` P > 0, Gemma 4 e2b and e4b):
+before the layers, each token gets an input of its own for every layer,
+[layers, B, L, P]: `per_layer_embedder` (num_layers * P wide, times
+sqrt(P)) plus `per_layer_projection` of the embedded tokens (times
+embed_dim^-1/2, RMS-normalised over P by `per_layer_norm`), the sum times
+2^-1/2; each block mixes its own into the stream (`maxtext.models.block`).
+
+Layers that share keys and values (`cfg.pattern.kv_shared_layers`: a
+layer kind without key and value projections) attend over those of the last
+earlier layer of their span, which `stores_kv` (`layer_stack.run_layers`);
+with a KV cache they read that layer's cache and have none of their own.
+
 How the model runs, apart from what it is (`maxtext.models.execution`:
 attention kernel, pipeline, remat), comes as `execution=`; it changes
 neither the parameters nor the outputs.
@@ -140,6 +152,16 @@ class Decoder(nnx.Module):
       setattr(self, kind.name,
               layer_stack.make_blocks(cfg, kind, count,
                                       execution.attention_kernel, rngs))
+    width = cfg.per_layer_input_dim
+    dtypes = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+    self.per_layer_embedder = embedding.Embedder(
+        cfg.vocab_size, cfg.num_layers * width, scale_by_sqrt_dim=False,
+        multiplier=width**0.5, **dtypes) if width else None
+    self.per_layer_projection = linear.Linear(
+        (cfg.embed_dim,), (cfg.num_layers, width), in_axes=(axes.EMBED,),
+        out_axes=(None, None), **dtypes) if width else None
+    self.per_layer_norm = cfg.norm.rms_norm(
+        width, axis_name=(None,), param_dtype=cfg.param_dtype) if width else None
     self.final_norm = block_lib.embed_norm(cfg)
     if cfg.tie_embeddings:
       self.head = None
@@ -164,7 +186,8 @@ class Decoder(nnx.Module):
 
   def init_cache(self, batch: int, length: int):
     """An empty KV cache for `batch` rows of up to `length` positions:
-    {kind name: its layers' caches}."""
+    {kind name: its layers' caches} (None for a kind that shares keys and
+    values, each of its layers None without scan_layers)."""
     cfg = self.cfg
 
     def empty(kind_cfg):
@@ -177,6 +200,9 @@ class Decoder(nnx.Module):
 
     caches = {}
     for kind, count in layer_pattern.kind_counts(cfg).items():
+      if kind.kv_shared:
+        caches[kind.name] = None if cfg.scan_layers else (None,) * count
+        continue
       layer = empty(kind.config(cfg))
       caches[kind.name] = (
           jax.tree.map(lambda a, n=count: jnp.broadcast_to(a, (n, *a.shape)),
@@ -228,7 +254,8 @@ class Decoder(nnx.Module):
                                          page_table_BN=page_table_BN,
                                          remat_config=self.execution.remat)
       x_BLD, cache, auxes = layer_stack.run_layers(
-          cfg, self._stacks(), self.pattern, x_BLD, run_block, cache)
+          cfg, self._stacks(), self.pattern, x_BLD, run_block, cache,
+          self._per_layer_inputs(tokens_BL, x_BLD))
       expert_auxes = [auxes[name] for name in self._expert_kinds()]
       if expert_auxes and sow:
         self._sow_moe(jax.tree.map(lambda *a: jnp.concatenate(a),
@@ -238,6 +265,22 @@ class Decoder(nnx.Module):
     if self.mtp is not None and sow:
       self._sow_mtp(tokens_BL, x_BLD, positions_BL, segment_ids_BL)
     return logits_BLV if cache is None else (logits_BLV, cache)
+
+  def _per_layer_inputs(self, tokens_BL: jax.Array,
+                        x_BLD: jax.Array) -> jax.Array | None:
+    """Each layer's own input [layers, B, L, P] (None without), from the
+    tokens and their embeddings `x_BLD`."""
+    if self.per_layer_embedder is None:
+      return None
+    batch, length = tokens_BL.shape
+    width = self.cfg.per_layer_input_dim
+    tokens_BLlP = self.per_layer_embedder(tokens_BL).reshape(
+        batch, length, self.cfg.num_layers, width)
+    projected_BLlP = self.per_layer_norm(
+        self.per_layer_projection(x_BLD) * self.cfg.embed_dim**-0.5)
+    inputs_BLlP = (projected_BLlP + tokens_BLlP) * 2**-0.5
+    return axes.constrain(jnp.moveaxis(inputs_BLlP, 2, 0),
+                          (None, axes.BATCH, axes.LENGTH, None))
 
   def _logits(self, x_BLD: jax.Array) -> jax.Array:
     """float32 logits [B, L, V] of final-normalised states."""

@@ -228,7 +228,7 @@ class MoEDecoderTest(absltest.TestCase):
         model.cfg.attention.head_dim)
     want_loss = 0.0
     for block in (*model.dense_blocks, *model.blocks):
-      x, _, aux = block(x, rotary, window=None, segment_ids_BL=None)
+      x, _, aux, _ = block(x, rotary, window=None, segment_ids_BL=None)
       if aux is not None:
         want_loss += aux["loss"]
     want_logits = model.head(model.final_norm(x))

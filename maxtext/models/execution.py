@@ -79,7 +79,11 @@ class Execution:
       refuse("pipelining needs model.scan_layers=True")
     for field, value, what in (
         ("num_experts", cfg.moe.num_experts, "experts"),
-        ("mtp_layers", cfg.mtp.layers, "multi-token prediction")):
+        ("mtp_layers", cfg.mtp.layers, "multi-token prediction"),
+        ("kv_shared_layers", cfg.pattern.kv_shared_layers,
+         "keys and values shared across layers"),
+        ("per_layer_input_dim", cfg.per_layer_input_dim,
+         "per-layer inputs")):
       if value:
         refuse(f"pipelining is not supported with {what} (model.{field}="
                f"{value}); use 1")

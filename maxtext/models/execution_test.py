@@ -84,6 +84,10 @@ class CheckTest(parameterized.TestCase):
        r"not supported with experts \(model.num_experts=4\)"),
       ("mtp", _piped(), dict(mtp_layers=1),
        r"multi-token prediction \(model.mtp_layers=1\)"),
+      ("kv_sharing", _piped(), dict(kv_shared_layers=1),
+       r"keys and values shared across layers \(model.kv_shared_layers=1\)"),
+      ("per_layer_inputs", _piped(), dict(per_layer_input_dim=8),
+       r"per-layer inputs \(model.per_layer_input_dim=8\)"),
       ("kinds_in_chunks_that_differ", _piped(),
        dict(sliding_window=4, global_layer_interval=3, global_head_dim=16),
        r"with several layer kinds \(\['blocks', 'global_blocks'\];.*every"

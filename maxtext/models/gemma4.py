@@ -23,14 +23,20 @@ between global ones), but
   multiplies each chosen weight by its expert's learned scale
   (`router_per_expert_scale`). The checkpoints store the experts fused,
   `experts.gate_up_proj` [E, 2F, D] (gate, then up) and
-  `experts.down_proj` [E, D, F].
+  `experts.down_proj` [E, D, F];
+- e2b and e4b: every layer gets an input of its own from a second token
+  embedding and a projection of the first (`per_layer_input_dim`,
+  `maxtext.models.decoder`), which it gates into the stream after its MLP;
+  the last `kv_shared_layers` layers have no key and value projections and
+  attend over those of the last earlier layer of their type (local or
+  global), whose cache they read when decoding; e2b's MLP is twice as wide
+  on those layers (`mlp_kv_shared_dim`, use_double_wide_mlp). The released
+  checkpoints still hold k/v projections and norms for those layers, which
+  transformers ignores; so does the loader (`hf_skipped_weights`).
 
 This module maps Hugging Face's `Gemma4TextConfig` / `Gemma4ForCausalLM`
 checkpoints onto that model; the multimodal `Gemma4ForConditionalGeneration`
-releases load their text decoder (`registry.hf_text_config`). Not yet
-supported, and refused by name: per-layer input embeddings
-(hidden_size_per_layer_input > 0: e2b, e4b) and KV shared across the last
-layers (num_kv_shared_layers > 0: e2b, e4b).
+releases load their text decoder (`registry.hf_text_config`).
 """
 
 from collections.abc import Mapping
@@ -42,7 +48,15 @@ from maxtext.models import hf_params
 
 MODEL_CLASS = decoder.Decoder
 
-HF_PARAMS = hf_params.COMMON_PARAMS
+HF_PARAMS = hf_params.COMMON_PARAMS + (
+    # Per-layer inputs (e2b, e4b).
+    hf_params.ParamMap(("per_layer_embedder", "embedding"),
+                       "model.embed_tokens_per_layer.weight"),
+    hf_params.ParamMap(("per_layer_projection", "kernel"),
+                       "model.per_layer_model_projection.weight", in_ndim=1),
+    hf_params.ParamMap(("per_layer_norm", "scale"),
+                       "model.per_layer_projection_norm.weight"),
+)
 HF_BLOCK_PARAMS = (
     hf_params.COMMON_BLOCK_PARAMS + hf_params.QK_NORMS +
     hf_params.SANDWICH_NORMS + (
@@ -63,7 +77,16 @@ HF_BLOCK_PARAMS = (
         hf_params.block_param(("post_dense_norm", "scale"),
                               "post_feedforward_layernorm_1.weight"),
         hf_params.block_param(("post_moe_norm", "scale"),
-                              "post_feedforward_layernorm_2.weight")))
+                              "post_feedforward_layernorm_2.weight"),
+        # Per-layer inputs (e2b, e4b).
+        hf_params.ParamMap(("per_layer_gate", "kernel"),
+                           "model.layers.{layer}.per_layer_input_gate.weight",
+                           in_ndim=1),
+        hf_params.ParamMap(("per_layer_projection", "kernel"),
+                           "model.layers.{layer}.per_layer_projection.weight",
+                           in_ndim=1),
+        hf_params.block_param(("post_per_layer_norm", "scale"),
+                              "post_per_layer_input_norm.weight")))
 
 HF_MODEL_TYPE = "gemma4_text"
 HF_ARCHITECTURE = "Gemma4ForCausalLM"
@@ -88,7 +111,8 @@ _HF_DEFAULTS = {
     "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
     "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True, "sliding_window": 512,
-    "hidden_size_per_layer_input": 256, "num_kv_shared_layers": 0,
+    "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262_144,
+    "num_kv_shared_layers": 0, "use_double_wide_mlp": False,
 }
 _DEFAULT_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
@@ -100,17 +124,16 @@ _DEFAULT_ROPE = {
 
 def _unsupported(hf: Mapping[str, Any]) -> None:
   """ValueError naming the first setting this model does not implement."""
-  for key, value, why in (
-      ("hidden_size_per_layer_input", hf["hidden_size_per_layer_input"],
-       "per-layer input embeddings (e2b, e4b) are not supported yet; "
-       "supported: 0"),
-      ("num_kv_shared_layers", hf["num_kv_shared_layers"],
-       "KV shared across layers (e2b, e4b) is not supported yet; "
-       "supported: 0"),
-      ("attention_bias", hf.get("attention_bias"),
-       "attention biases are not supported; supported: False")):
-    if value:
-      raise ValueError(f"Gemma 4 {key}={value!r}: {why}.")
+  if hf.get("attention_bias"):
+    raise ValueError(f"Gemma 4 attention_bias={hf['attention_bias']!r}: "
+                     "attention biases are not supported; supported: False.")
+  if (hf["hidden_size_per_layer_input"] and
+      hf["vocab_size_per_layer_input"] != hf["vocab_size"]):
+    raise ValueError(
+        f"Gemma 4 vocab_size_per_layer_input="
+        f"{hf['vocab_size_per_layer_input']!r}: per-layer embeddings of "
+        f"another vocabulary than vocab_size={hf['vocab_size']} are not "
+        "supported.")
   if hf.get("use_bidirectional_attention") == "all":
     raise ValueError("Gemma 4 use_bidirectional_attention='all' (an encoder)"
                      " is not supported; supported: None or 'vision'.")
@@ -195,10 +218,27 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
       sliding_window=hf["sliding_window"] if interval != 1 else 0,
       global_layer_interval=interval,
       final_logit_softcap=hf.get("final_logit_softcapping") or 0.0,
+      per_layer_input_dim=hf["hidden_size_per_layer_input"] or 0,
+      kv_shared_layers=hf["num_kv_shared_layers"] or 0,
+      mlp_kv_shared_dim=(2 * hf["intermediate_size"]
+                         if hf["use_double_wide_mlp"] and
+                         hf["num_kv_shared_layers"] else 0),
       **_rope_fields(hf.get("rope_parameters") or _DEFAULT_ROPE,
                      same_heads=global_head_dim == head_dim),
       **_moe_fields(hf),
   ))
+
+
+def hf_skipped_weights(cfg: ModelConfig) -> frozenset[str]:
+  """Names of weights a checkpoint may hold that the model does not use:
+  the key and value projections and norms of the layers that share keys
+  and values (the released e2b and e4b keep them; transformers ignores
+  them too)."""
+  first = cfg.num_layers - cfg.pattern.kv_shared_layers
+  return frozenset(
+      f"model.layers.{layer}.self_attn.{name}.weight"
+      for layer in range(first, cfg.num_layers)
+      for name in ("k_proj", "v_proj", "k_norm", "v_norm"))
 
 
 def _moe_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
@@ -218,12 +258,13 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`).
 
   Every key whose `Gemma4TextConfig` default would change the model is
-  written (per-layer inputs 0, no KV sharing).
+  written (per-layer inputs, KV sharing, the double-wide MLP).
 
   Raises:
     ValueError: the last layer is local (transformers makes it global),
       global rotary scaling other than "default"/"linear" on a fraction of
-      the pairs, or experts that are not Gemma 4's MoE block in every layer.
+      the pairs, experts that are not Gemma 4's MoE block in every layer,
+      or a KV-shared layers' MLP width other than mlp_dim or twice it.
   """
   if cfg.layer_windows()[-1] is not None:
     raise ValueError(
@@ -232,6 +273,13 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
         f"{cfg.pattern.global_layer_interval} with num_layers="
         f"{cfg.num_layers}); make num_layers a multiple of the interval.")
   moe = _hf_moe(cfg)
+  wide = cfg.mlp.kv_shared_dim
+  if wide not in (0, 2 * cfg.mlp.dim):
+    raise ValueError(
+        f"Gemma 4 exports mlp_kv_shared_dim={wide}: transformers' KV-shared "
+        f"layers have an MLP of mlp_dim={cfg.mlp.dim} or twice that "
+        "(use_double_wide_mlp); use 0 or "
+        f"{2 * cfg.mlp.dim}.")
   config = hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
                                        architecture=HF_ARCHITECTURE)
   attention = cfg.attention
@@ -266,8 +314,10 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
       sliding_window=cfg.pattern.sliding_window or 512,
       layer_types=hf_params.hf_layer_types(cfg),
       final_logit_softcapping=cfg.final_logit_softcap or None,
-      hidden_size_per_layer_input=0, num_kv_shared_layers=0,
-      use_double_wide_mlp=False, attention_bias=False, **moe)
+      hidden_size_per_layer_input=cfg.per_layer_input_dim,
+      vocab_size_per_layer_input=cfg.vocab_size,
+      num_kv_shared_layers=cfg.pattern.kv_shared_layers,
+      use_double_wide_mlp=bool(wide), attention_bias=False, **moe)
 
 
 def _hf_moe(cfg: ModelConfig) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+import transformers
 
 from configs import gemma4 as gemma4_config
 from maxtext.common import layer_pattern
@@ -29,6 +30,14 @@ _TOLERANCE = 1e-4
 # 26b-a4b's MoE block, tiny.
 _MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2,
             moe_intermediate_size=32)
+_LOCAL, _GLOBAL = "sliding_attention", "full_attention"
+# e2b's layers, tiny: two local layers per global one, per-layer inputs 8
+# wide; the last three layers (two local, one global) read the keys and
+# values of layers 4 and 5, their MLP twice as wide.
+_E2B = dict(num_hidden_layers=9, layer_types=[_LOCAL, _LOCAL, _GLOBAL] * 3,
+            attention_k_eq_v=False, hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=128, num_kv_shared_layers=3,
+            use_double_wide_mlp=True)
 
 
 def _logits(cfg, state):
@@ -62,6 +71,19 @@ def _parameter_count(layers=60, interval=6, vocab=262_144, embed=5376,
   # Tied embedding (the head's matmul), the final norm.
   return (vocab * embed + dense + every_expert + small + embed,
           dense + used + vocab * embed)
+
+
+def _assert_greedy_matches_transformers(test):
+  """`test`'s model (its hf_model, cfg and state) decodes greedily, with the
+  dense and the paged KV cache, to transformers' `generate` tokens."""
+  prompts = [[5, 17, 99, 3, 42, 8, 64, 2], [11, 7, 120]]
+  want = [hf_tiny_models.hf_greedy(test.hf_model, prompt, 8)
+          for prompt in prompts]
+  model = registry.create_model(test.cfg, rngs=nnx.Rngs(0))
+  hf_weights.load_hf_weights(model, test.state)
+  test.assertEqual(generate.generate(model, prompts, max_new_tokens=8), want)
+  test.assertEqual(generate.generate(model, prompts, max_new_tokens=8,
+                                     kv_cache="paged", page_size=4), want)
 
 
 class Gemma4HuggingFaceTest(parameterized.TestCase):
@@ -154,9 +176,11 @@ class Gemma4HuggingFaceTest(parameterized.TestCase):
   def test_unsupported_settings_are_named(self):
     base = self.hf_model.config.to_dict()
     for changes, pattern in (
-        (dict(hidden_size_per_layer_input=256),
-         "hidden_size_per_layer_input=256"),
-        (dict(num_kv_shared_layers=1), "num_kv_shared_layers=1"),
+        (dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=64),
+         "vocab_size_per_layer_input=64: per-layer embeddings of another "
+         "vocabulary"),
+        (dict(num_kv_shared_layers=2), "kv_shared_layers=2 is invalid: "
+         r"leaves no layer before layer 1 with the span \(global\)"),
         (dict(enable_moe_block=True, num_experts=4, top_k_experts=None,
               moe_intermediate_size=32), "top_k_experts=None"),
         (dict(attention_bias=True), "attention_bias=True"),
@@ -239,15 +263,7 @@ class Gemma4MoeTest(parameterized.TestCase):
   def test_greedy_matches_transformers(self):
     """Greedy decoding with the dense and the paged KV cache gives
     transformers' `generate` tokens."""
-    prompts = [[5, 17, 99, 3, 42, 8, 64, 2], [11, 7, 120]]
-    want = [hf_tiny_models.hf_greedy(self.hf_model, prompt, 8)
-            for prompt in prompts]
-    model = registry.create_model(self.cfg, rngs=nnx.Rngs(0))
-    hf_weights.load_hf_weights(model, self.state)
-    self.assertEqual(generate.generate(model, prompts, max_new_tokens=8),
-                     want)
-    self.assertEqual(generate.generate(model, prompts, max_new_tokens=8,
-                                       kv_cache="paged", page_size=4), want)
+    _assert_greedy_matches_transformers(self)
 
   def test_hf_config_round_trips(self):
     hf = gemma4.hf_config_from_model_config(self.cfg)
@@ -265,7 +281,143 @@ class Gemma4MoeTest(parameterized.TestCase):
           gemma4.hf_config_from_model_config(self.cfg.replace(**changes))
 
 
-class Gemma4ParameterCountTest(absltest.TestCase):
+class Gemma4SharedKvTest(parameterized.TestCase):
+  """e2b and e4b: per-layer inputs, keys and values shared across the last
+  layers, the double-wide MLP on those (`_E2B`)."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.hf_model = hf_tiny_models.tiny_hf_model("gemma4", **_E2B)
+    cls.cfg = gemma4.model_config_from_hf(cls.hf_model.config.to_dict())
+    cls.state = hf_reference.state_dict(cls.hf_model)
+
+  def test_config_mapping(self):
+    cfg = self.cfg
+    layers = layer_pattern.layers(cfg)
+    self.assertEqual([layer.kind.name for layer in layers],
+                     ["blocks", "blocks", "global_blocks"] * 2 +
+                     ["shared_blocks", "shared_blocks",
+                      "global_shared_blocks"])
+    self.assertEqual([i for i, layer in enumerate(layers) if layer.stores_kv],
+                     [4, 5])
+    self.assertEqual((cfg.per_layer_input_dim, cfg.pattern.kv_shared_layers,
+                      cfg.mlp.kv_shared_dim), (8, 3, 192))
+    model = registry.create_model(cfg, rngs=nnx.Rngs(0))
+    for name in ("shared_blocks", "global_shared_blocks"):
+      attention = getattr(model, name).attention
+      self.assertIsNone(attention.key)
+      self.assertIsNone(attention.value)
+      self.assertIsNone(attention.key_norm)
+    self.assertEqual(model.shared_blocks.mlp.up.kernel.shape, (2, 64, 192))
+    cache = model.init_cache(1, 8)
+    self.assertIsNone(cache["shared_blocks"])
+    self.assertIsNone(cache["global_shared_blocks"])
+
+  @parameterized.parameters(True, False)
+  def test_logits_match(self, scan_layers):
+    diff = hf_reference.max_logit_diff(self.hf_model, self.cfg, _TOKENS,
+                                       scan_layers=scan_layers)
+    self.assertLessEqual(diff, _TOLERANCE)
+
+  def test_each_feature_changes_the_logits(self):
+    """Without it the logits differ, so the match above tests it: the
+    per-layer inputs, the double-wide MLP (its first half kept), and the
+    sharing (the shared layers given their sources' key projections and
+    norms, with the narrow MLP on both sides)."""
+    want = _logits(self.cfg, self.state)
+    no_inputs = {name: value for name, value in self.state.items()
+                 if "per_layer" not in name}
+    got = _logits(self.cfg.replace(per_layer_input_dim=0), no_inputs)
+    self.assertGreater(float(jnp.abs(got - want).max()), 1e-3)
+    narrow = dict(self.state)
+    for layer in (6, 7, 8):
+      for part in ("gate_proj", "up_proj"):
+        name = f"model.layers.{layer}.mlp.{part}.weight"
+        narrow[name] = narrow[name][:96]
+      name = f"model.layers.{layer}.mlp.down_proj.weight"
+      narrow[name] = narrow[name][:, :96]
+    shared_narrow = _logits(self.cfg.replace(mlp_kv_shared_dim=0), narrow)
+    self.assertGreater(float(jnp.abs(shared_narrow - want).max()), 1e-3)
+    own = dict(narrow)
+    for layer, source in ((6, 4), (7, 4), (8, 5)):
+      for part in ("k_proj", "v_proj", "k_norm"):
+        own[f"model.layers.{layer}.self_attn.{part}.weight"] = (
+            self.state[f"model.layers.{source}.self_attn.{part}.weight"])
+    got = _logits(self.cfg.replace(kv_shared_layers=0, mlp_kv_shared_dim=0),
+                  own)
+    self.assertGreater(float(jnp.abs(got - shared_narrow).max()), 1e-3)
+
+  def test_released_weights_of_shared_layers_are_skipped(self):
+    """The released checkpoints keep k/v projections and norms on the
+    shared layers, which transformers ignores; so does the loader."""
+    extra = dict(self.state)
+    for layer in (6, 7, 8):
+      for part, shape in (("k_proj", (32, 64)), ("v_proj", (32, 64)),
+                          ("k_norm", (16,)), ("v_norm", (16,))):
+        extra[f"model.layers.{layer}.self_attn.{part}.weight"] = np.ones(
+            shape, np.float32)
+    np.testing.assert_array_equal(_logits(self.cfg, extra),
+                                  _logits(self.cfg, self.state))
+
+  @parameterized.parameters(True, False)
+  def test_weights_round_trip(self, scan_layers):
+    hf_reference.assert_round_trip(self.hf_model, self.cfg,
+                                   scan_layers=scan_layers)
+
+  def test_greedy_matches_transformers(self):
+    """Greedy decoding with the dense and the paged KV cache (the shared
+    layers reading their sources' caches) gives transformers' tokens."""
+    _assert_greedy_matches_transformers(self)
+
+  def test_hf_config_round_trips(self):
+    hf = gemma4.hf_config_from_model_config(self.cfg)
+    self.assertEqual(gemma4.model_config_from_hf(hf), self.cfg)
+    self.assertEqual({key: hf[key] for key in _E2B if key != "layer_types"},
+                     {key: value for key, value in _E2B.items()
+                      if key != "layer_types"})
+    with self.assertRaisesRegex(ValueError, "mlp_kv_shared_dim=100.*use 0 "
+                                "or 192"):
+      gemma4.hf_config_from_model_config(
+          self.cfg.replace(mlp_kv_shared_dim=100))
+
+
+def _hf_counts(cfg):
+  """(parameters, matmul parameters per token) of transformers' own
+  Gemma4ForCausalLM of `cfg` (built without memory): its torch `Linear`
+  weights are the matmuls (the tied head included)."""
+  config = transformers.Gemma4TextConfig(
+      **gemma4.hf_config_from_model_config(cfg))
+  with torch.device("meta"):
+    hf_model = transformers.Gemma4ForCausalLM(config)
+  params = sum(p.numel() for p in hf_model.parameters())
+  matmuls = sum(module.weight.numel() for module in hf_model.modules()
+                if isinstance(module, torch.nn.Linear))
+  return params, matmuls
+
+
+class Gemma4ParameterCountTest(parameterized.TestCase):
+
+  @parameterized.parameters(("e2b", 4.63, 1.88), ("e4b", 7.46, 3.97))
+  def test_e2b_e4b(self, variant, billions, without_embeddings):
+    """google/gemma-4-E2B and -E4B's text decoders: as many parameters as
+    transformers' model of the same config, and FLOPs counting its matmuls
+    (shared layers without k/v projections, the per-layer gates and
+    projections). With their vision (~0.15B) and audio (~0.3B) encoders
+    these are the published 5.1B and 8B; without the embedding tables the
+    published "effective" 2.3B and 4.5B."""
+    cfg = ModelConfig.from_dict(gemma4_config.get_config(variant).model)
+    model = nnx.eval_shape(lambda: registry.create_model(cfg,
+                                                         rngs=nnx.Rngs(0)))
+    count = sum(math.prod(p.shape) for p in
+                jax.tree.leaves(nnx.state(model, nnx.Param)))
+    # transformers keeps the per-layer scalars as buffers.
+    self.assertEqual((count - cfg.num_layers, flops.matmul_params(cfg)),
+                     _hf_counts(cfg))
+    self.assertEqual(round(count / 1e9, 2), billions)
+    tables = cfg.vocab_size * (cfg.embed_dim +
+                               cfg.num_layers * cfg.per_layer_input_dim)
+    self.assertEqual(round((count - tables) / 1e9, 2), without_embeddings)
 
   def test_31b(self):
     """google/gemma-4-31B's text decoder: 30.70B parameters; FLOPs count

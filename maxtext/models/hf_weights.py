@@ -27,7 +27,9 @@ their text decoder: names under `model.language_model.` (transformers >= 4.52)
 or `language_model.` (earlier: `language_model.model.*`,
 `language_model.lm_head.weight`) are renamed to the text-only names, a
 top-level `lm_head.weight` is kept (absent when tied), and the other weights
-(vision tower, projector) are skipped; their count is logged.
+(vision tower, projector) are skipped; their count is logged. So are the
+weights a family's `hf_skipped_weights(cfg)` names (checkpoint weights its
+reference implementation ignores too).
 """
 
 from collections.abc import Iterable, Iterator, Mapping
@@ -218,6 +220,12 @@ def load_hf_weights(model: nnx.Module,
                  " layers (>= %d) that the model (mtp_layers=%d) lacks.",
                  len(beyond), cfg.num_layers + cfg.mtp.layers, cfg.mtp.layers)
     used.update(beyond)
+  skipped = set(names) & getattr(family, "hf_skipped_weights",
+                                 lambda _: frozenset())(cfg)
+  if skipped:
+    logging.info("Skipping %d Hugging Face weights the %s model does not "
+                 "use: %s", len(skipped), cfg.family, sorted(skipped))
+    used.update(skipped)
   # Weights of parameters this configuration lacks (a tied model's lm_head)
   # are ignored; anything else left over means a mapping is missing.
   unexpected = sorted(set(names) - used - known)

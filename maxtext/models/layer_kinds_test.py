@@ -69,7 +69,7 @@ def _by_hand(model, tokens):
     kind_cfg = layer.kind.config(cfg)
     rotary = rope.Rotary.at(positions, kind_cfg.rope.global_inverse_frequencies(
         kind_cfg.attention.head_dim))
-    x, _, aux = block(x, rotary, window=layer.window, segment_ids_BL=None)
+    x, _, aux, _ = block(x, rotary, window=layer.window, segment_ids_BL=None)
     if aux is not None:
       loss += aux["loss"]
       loads.append(aux["expert_load"])

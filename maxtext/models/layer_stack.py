@@ -38,27 +38,39 @@ def make_blocks(cfg: ModelConfig, kind: layer_pattern.LayerKind, count: int,
   return stacked_blocks(rngs)
 
 
-def run_layers(cfg: ModelConfig, stacks, pattern, x_BLD, run_block, caches):
+def run_layers(cfg: ModelConfig, stacks, pattern, x_BLD, run_block, caches,
+               per_layer_lBLP: jax.Array | None = None):
   """Runs the layers of `pattern` in order, each on its kind's stack.
 
   `stacks` maps each kind's name to its blocks (`make_blocks`); `caches`
   (None, or the same keys: each kind's cache, stacked over its layers with
-  scan_layers, else a tuple) goes alongside. Stacked blocks run as a scan
-  over each run of `layer_pattern.segments`. Returns (x_BLD, the new caches
-  or None, {kind name: each MoE aux value stacked over the kind's layers,
-  or None}).
+  scan_layers, else a tuple; None entries for kinds that share keys and
+  values) goes alongside. `per_layer_lBLP`: each layer's own input
+  (`ModelConfig.per_layer_input_dim`), layers first. Stacked blocks run as a
+  scan over each run of `layer_pattern.segments`. Returns (x_BLD, the new
+  caches or None, {kind name: each MoE aux value stacked over the kind's
+  layers, or None}).
+
+  A layer that `stores_kv` hands its keys and values (with a cache: its
+  written cache) to the later layers of its span that share them.
   """
   if cfg.scan_layers:
     split = {name: nnx.split(stack) for name, stack in stacks.items()}
     return scan_layers({name: g for name, (g, _) in split.items()},
                        {name: s for name, (_, s) in split.items()},
-                       pattern, x_BLD, run_block, caches)
+                       pattern, x_BLD, run_block, caches, per_layer_lBLP)
   outputs = {name: [] for name in stacks}
-  for layer, slot in zip(pattern, layer_pattern.slots(pattern)):
+  shared = {}
+  for index, (layer, slot) in enumerate(zip(pattern,
+                                            layer_pattern.slots(pattern))):
     name = layer.kind.name
-    x_BLD, layer_cache, aux = run_block(
-        stacks[name][slot], x_BLD, layer,
-        None if caches is None else caches[name][slot])
+    layer_cache, inputs = _layer_inputs(
+        layer, None if caches is None else caches[name][slot],
+        None if per_layer_lBLP is None else per_layer_lBLP[index], shared,
+        cached=caches is not None)
+    x_BLD, layer_cache, aux, kv = run_block(stacks[name][slot], x_BLD, layer,
+                                            layer_cache, inputs)
+    layer_cache = _keep_kv(layer, layer_cache, kv, shared)
     outputs[name].append((layer_cache, aux))
   new_caches = {name: tuple(c for c, _ in out) for name, out in outputs.items()}
   auxes = {name: _stack([aux for _, aux in out])
@@ -66,15 +78,40 @@ def run_layers(cfg: ModelConfig, stacks, pattern, x_BLD, run_block, caches):
   return x_BLD, None if caches is None else new_caches, auxes
 
 
+def _layer_inputs(layer: layer_pattern.Layer, layer_cache, per_layer_BLP,
+                  shared, cached: bool):
+  """(The cache `layer` runs with, its `block_lib.LayerInputs`): a layer
+  that shares keys and values reads those stored in `shared` by span
+  (without a cache), or the cache of the layer that stores them."""
+  kv = None
+  if layer.kind.kv_shared:
+    if cached:
+      layer_cache = shared[layer.span]
+    else:
+      kv = shared[layer.span]
+  return layer_cache, block_lib.LayerInputs(per_layer_BLP, kv)
+
+
+def _keep_kv(layer: layer_pattern.Layer, layer_cache, kv, shared):
+  """Stores a layer's keys and values (`kv`, or with a cache its written
+  `layer_cache`) in `shared` when it `stores_kv`; returns the cache the
+  layer keeps (none for a layer that shares another's)."""
+  if layer.stores_kv:
+    shared[layer.span] = layer_cache if kv is None else kv
+  return None if layer.kind.kv_shared else layer_cache
+
+
 def _stack(trees):
   return jax.tree.map(lambda *a: jnp.stack(a), *trees)
 
 
-def scan_layers(graphdefs, states, pattern, x_BLD, run_block, caches):
+def scan_layers(graphdefs, states, pattern, x_BLD, run_block, caches,
+                per_layer_lBLP=None):
   """`run_layers` on stacked blocks: `graphdefs` and `states` map each kind
   to its blocks' graph and state (leading layer axis)."""
   slots = layer_pattern.slots(pattern)
   pieces = {name: [] for name in states}  # (cache, aux) [layers, ...] runs.
+  shared = {}  # Keys and values (or caches) stored by span, for later runs.
   for segment in layer_pattern.segments(pattern):
     layers = pattern[segment.start:segment.start + segment.period]
     per_group = collections.Counter(layer.kind.name for layer in layers)
@@ -96,16 +133,23 @@ def scan_layers(graphdefs, states, pattern, x_BLD, run_block, caches):
           lambda a: a[first:first + per_kind * segment.groups].reshape(
               segment.groups, per_kind, *a.shape[1:]), tree)
 
-    def group_step(x_BLD, group, layers=layers, ranks=ranks):
+    def group_step(x_BLD, xs, layers=layers, ranks=ranks, outer=shared):
+      group, per_layer_pBLP = xs
+      stored = dict(outer)  # A layer of this group may store for a later.
       outputs = []
-      for layer, rank in zip(layers, ranks):
+      for i, (layer, rank) in enumerate(zip(layers, ranks)):
         layer_state, layer_cache = jax.tree.map(lambda a, r=rank: a[r],
                                                 group[layer.kind.name])
-        x_BLD, layer_cache, aux = run_block(
+        layer_cache, inputs = _layer_inputs(
+            layer, layer_cache,
+            None if per_layer_pBLP is None else per_layer_pBLP[i], stored,
+            cached=caches is not None)
+        x_BLD, layer_cache, aux, kv = run_block(
             nnx.merge(graphdefs[layer.kind.name], layer_state), x_BLD, layer,
-            layer_cache)
-        outputs.append((layer_cache, aux))
-      return x_BLD, tuple(outputs)
+            layer_cache, inputs)
+        outputs.append((_keep_kv(layer, layer_cache, kv, stored), aux))
+      mine = tuple(stored[layer.span] for layer in layers if layer.stores_kv)
+      return x_BLD, (tuple(outputs), mine)
 
     # The scan hands each kind its parameters unsliced ([groups, ...]):
     # autodiff then keeps them as residuals by reference instead of stacking
@@ -114,7 +158,18 @@ def scan_layers(graphdefs, states, pattern, x_BLD, run_block, caches):
         name: grouped((states[name],
                        None if caches is None else caches[name]), name)
         for name in per_group}
-    x_BLD, outputs = jax.lax.scan(group_step, x_BLD, group_inputs)
+    per_layer = None
+    if per_layer_lBLP is not None:
+      end = segment.start + segment.period * segment.groups
+      per_layer = per_layer_lBLP[segment.start:end].reshape(
+          segment.groups, segment.period, *per_layer_lBLP.shape[1:])
+    x_BLD, (outputs, stored) = jax.lax.scan(group_step, x_BLD,
+                                            (group_inputs, per_layer))
+    # A layer that stores keys and values is the only one of its kind and
+    # span, so its run has one group.
+    spans = [layer.span for layer in layers if layer.stores_kv]
+    shared.update({span: jax.tree.map(lambda a: a[-1], value)
+                   for span, value in zip(spans, stored, strict=True)})
     for name in per_group:
       # The kind's offsets, [groups, ...] each, interleave into its layers
       # of the run in order.
@@ -228,7 +283,7 @@ def _switch_layer(run_block, block, x_BLD, layers, layer_id):
   pipeline's vmap over stages `layer_id` differs per stage, so every branch
   is computed and the stage's own selected.
   """
-  branches = [lambda x_BLD, layer=layer: run_block(block, x_BLD, layer,
-                                                   None)[0]
+  branches = [lambda x_BLD, layer=layer: run_block(
+      block, x_BLD, layer, None, block_lib.LayerInputs())[0]
               for layer in layers]
   return jax.lax.switch(layer_id, branches, x_BLD)

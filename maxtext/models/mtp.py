@@ -91,9 +91,9 @@ class MTP(nnx.Module):
     the embeddings of the tokens k ahead."""
     x_BLD = self.projection(jnp.concatenate(
         [self.embed_norm(embedded_BLD), self.hidden_norm(h_BLD)], axis=-1))
-    x_BLD, _, aux = self.block(x_BLD, rotary, window=None,
-                               segment_ids_BL=segment_ids_BL,
-                               positions_BL=positions_BL)
+    x_BLD, _, aux, _ = self.block(x_BLD, rotary, window=None,
+                                  segment_ids_BL=segment_ids_BL,
+                                  positions_BL=positions_BL)
     return x_BLD, aux
 
 

@@ -8,7 +8,8 @@ microbatches equals the large-batch step, a 4-layer model run as a 2-stage
 pipeline equals the same model without a pipeline on one device, and ZeRO-1
 and optimizer-state offloading give the same step with the optimizer state
 laid out as asked; OLMo 3's q/k norms over all heads give the single-device
-step with the heads split over `tensor`.
+step with the heads split over `tensor`; so do Gemma 4 e2b's per-layer inputs
+and shared keys and values.
 """
 
 import functools
@@ -288,6 +289,29 @@ class NormsAcrossShardsTest(parameterized.TestCase):
     # 6144 here differs by 1.2e-4).
     _assert_trees_close(self, grads, want[1], scaled_atol=1e-3)
     _assert_trees_close(self, new_params, want[2], scaled_atol=1e-3)
+
+
+class SharedKvAcrossShardsTest(absltest.TestCase):
+  """Gemma 4 e2b's layers (per-layer inputs, the last three layers reading
+  earlier layers' keys and values, their MLP twice as wide) over fsdp,
+  tensor and sequence: the loss and gradients equal one device's. (Adam's
+  first step turns a gradient within rounding of zero into a step of up to
+  the learning rate, so the updated weights are not compared: one of
+  6144 differed by 1.3e-3.)"""
+
+  def test_sharded_equals_single_device(self):
+    devices.require_devices(8)
+    cfg = tiny_configs.tiny_model_config(
+        "gemma4", window=4, num_layers=6, per_layer_input_dim=8,
+        kv_shared_layers=3, mlp_kv_shared_dim=96)
+    state = _state({"data": -1}, jax.devices()[:1], model_config=cfg)
+    want = _loss_grads_and_update(state, _batch(state))
+    state = _state({"data": 1, "fsdp": 2, "tensor": 2, "sequence": 2},
+                   jax.devices(), model_config=cfg)
+    self.assertIn("tensor", _sharded_axes(state.params["shared_blocks"]))
+    loss, grads, _ = _loss_grads_and_update(state, _batch(state))
+    np.testing.assert_allclose(float(loss), float(want[0]), rtol=_RTOL)
+    _assert_trees_close(self, grads, want[1], scaled_atol=1e-3)
 
 
 if __name__ == "__main__":

@@ -190,11 +190,17 @@ class TrainStepTest(parameterized.TestCase):
   # Gemma 3, and a tiny model of each family added since (their own
   # layers: OLMo 3's post-norms only and q/k norms over the projection,
   # DeepSeek-V2's routing, Llama 4's chunks, NoPE and experts on inputs,
-  # Gemma 4's wider global heads whose values are their keys).
-  @parameterized.parameters(None, "olmo3", "deepseek2", "llama4", "gemma4")
-  def test_loss_falls_on_a_repeated_batch(self, family):
+  # Gemma 4's wider global heads whose values are their keys; e2b's
+  # per-layer inputs and last three layers reading earlier layers' keys and
+  # values, their MLP twice as wide).
+  @parameterized.parameters(
+      (None, {}), ("olmo3", {}), ("deepseek2", {}), ("llama4", {}),
+      ("gemma4", {}),
+      ("gemma4", dict(num_layers=6, per_layer_input_dim=8,
+                      kv_shared_layers=3, mlp_kv_shared_dim=96)))
+  def test_loss_falls_on_a_repeated_batch(self, family, changes):
     state = _state(model_config=family and tiny_configs.tiny_model_config(
-        family, window=4))
+        family, window=4, **changes))
     batch = _batch()
     losses = []
     for _ in range(10):
