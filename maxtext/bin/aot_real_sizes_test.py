@@ -29,9 +29,9 @@ CASES = (
     ("deepseek2.py:lite", "v5p-8", (_FULL, "--config.train.batch_size=8",
                                     "--config.data.seq_len=4096")),
     # 108B parameters in bfloat16 with float32 Adam moments over 32 chips
-    # (float32 weights need 99.81 GiB per chip, 104% of HBM; v5p-128 and
-    # sequences of 4096 crash libtpu's fusion pass, docs/aot_compile.md);
-    # one row of a whole chunk per chip.
+    # (float32 weights need 99.81 GiB per chip, 104% of HBM; v5p-128 also
+    # compiles since the layer-scan fix, docs/aot_compile.md); one row of a
+    # whole chunk per chip.
     ("llama4.py:scout", "v5p-64", (_FULL, "--config.train.batch_size=32",
                                    "--config.data.seq_len=8192",
                                    "--config.model.param_dtype=bfloat16")),
