@@ -112,7 +112,7 @@ class Block(nnx.Module):
         (width,), (cfg.embed_dim,), in_axes=(None,), out_axes=(axes.EMBED,),
         **dtypes) if width else None
     self.post_per_layer_norm = embed_norm(cfg) if width else None
-    self.gated_unit = mlp.GATED_UNITS[cfg.mlp.activation]
+    self.gated_unit = mlp.GATED_UNITS[cfg.mlp.activation] if width else None
 
   def __call__(self, x_BLD: jax.Array, rotary: rope.Rotary | None, *,
                window: int | None, chunk: int | None = None,

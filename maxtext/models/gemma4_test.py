@@ -73,6 +73,14 @@ def _parameter_count(layers=60, interval=6, vocab=262_144, embed=5376,
           dense + used + vocab * embed)
 
 
+def _tiny(**changes):
+  """(transformers' tiny Gemma 4 with `changes`, our config of it, its
+  state dict)."""
+  hf_model = hf_tiny_models.tiny_hf_model("gemma4", **changes)
+  return (hf_model, gemma4.model_config_from_hf(hf_model.config.to_dict()),
+          hf_reference.state_dict(hf_model))
+
+
 def _assert_greedy_matches_transformers(test):
   """`test`'s model (its hf_model, cfg and state) decodes greedily, with the
   dense and the paged KV cache, to transformers' `generate` tokens."""
@@ -91,9 +99,7 @@ class Gemma4HuggingFaceTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.hf_model = hf_tiny_models.tiny_hf_model("gemma4")
-    cls.cfg = gemma4.model_config_from_hf(cls.hf_model.config.to_dict())
-    cls.state = hf_reference.state_dict(cls.hf_model)
+    cls.hf_model, cls.cfg, cls.state = _tiny()
 
   def test_config_mapping(self):
     cfg = self.cfg
@@ -211,9 +217,7 @@ class Gemma4MoeTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.hf_model = hf_tiny_models.tiny_hf_model("gemma4", **_MOE)
-    cls.cfg = gemma4.model_config_from_hf(cls.hf_model.config.to_dict())
-    cls.state = hf_reference.state_dict(cls.hf_model)
+    cls.hf_model, cls.cfg, cls.state = _tiny(**_MOE)
 
   def test_config_mapping(self):
     moe = self.cfg.moe
@@ -288,9 +292,7 @@ class Gemma4SharedKvTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.hf_model = hf_tiny_models.tiny_hf_model("gemma4", **_E2B)
-    cls.cfg = gemma4.model_config_from_hf(cls.hf_model.config.to_dict())
-    cls.state = hf_reference.state_dict(cls.hf_model)
+    cls.hf_model, cls.cfg, cls.state = _tiny(**_E2B)
 
   def test_config_mapping(self):
     cfg = self.cfg
