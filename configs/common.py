@@ -81,6 +81,23 @@ def model_defaults() -> ml_collections.ConfigDict:
       per_layer_input_dim=0,
       kv_shared_layers=0,
       mlp_kv_shared_dim=0,
+      # Vision-language models (maxtext.layers.vision): a SigLIP tower of
+      # vision_layers (0: none) over square images of vision_image_size
+      # pixels in patches of vision_patch_size, pooled to
+      # mm_tokens_per_image soft tokens at the image_token_id placeholders
+      # (the chat template puts image_start_id / image_end_id around them).
+      vision_layers=0,
+      vision_embed_dim=0,
+      vision_mlp_dim=0,
+      vision_heads=0,
+      vision_patch_size=14,
+      vision_image_size=896,
+      vision_norm_eps=1e-6,
+      vision_activation="gelu_tanh",
+      mm_tokens_per_image=256,
+      image_token_id=0,
+      image_start_id=0,
+      image_end_id=0,
       # None: queries are scaled by head_dim**-0.5.
       query_pre_attn_scalar=ml_collections.FieldReference(None, float),
       attn_logit_softcap=0.0,

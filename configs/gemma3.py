@@ -5,7 +5,8 @@ with the 32k-token Mistral tokenizer) on a CPU in a few minutes:
 
   tools/bazel run //maxtext/bin:train -- --config=configs/gemma3.py
 
-A published size (text-only decoder; 1b, 4b, 12b, 27b), with an override:
+A published size (text-only decoder; 1b, 4b, 12b, 27b; with the vision
+tower: 4b_vlm, 12b_vlm, 27b_vlm), with an override:
 
   tools/bazel run //maxtext/bin:train -- --config=configs/gemma3.py:1b \
       --config.optimizer.learning_rate=1e-4
@@ -38,6 +39,17 @@ VARIANTS = {
                 query_pre_attn_scalar=168.0, sliding_window=1024,
                 rope_scaling="linear", rope_scaling_factor=8.0),
 }
+
+
+# The vision-language releases (google/gemma-3-{4b,12b,27b}-it): the text
+# decoder of their size and one SigLIP-So400m tower, 896 x 896 images in 256
+# soft tokens.
+VISION = dict(vision_layers=27, vision_embed_dim=1152, vision_mlp_dim=4304,
+              vision_heads=16, vision_patch_size=14, vision_image_size=896,
+              mm_tokens_per_image=256, image_token_id=262_144,
+              image_start_id=255_999, image_end_id=256_000)
+VARIANTS.update({f"{size}_vlm": {**VARIANTS[size], **VISION}
+                 for size in ("4b", "12b", "27b")})
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

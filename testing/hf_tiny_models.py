@@ -158,3 +158,39 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int],
     out = model.generate(torch.tensor([prompt]), do_sample=False,
                          max_new_tokens=max_new_tokens)
   return out[0, len(prompt):].tolist()
+
+
+# A tiny Gemma 3 vision-language model: 2 SigLIP layers over 28 x 28
+# images in 7-pixel patches, 4 soft tokens per image (the 4 x 4 patch grid
+# pooled 2 x 2); a sliding window (3) shorter than an image's tokens, so
+# the images' bidirectional blocks reach past it; 6 layers (5 local + 1
+# global); the image placeholder id outside the vocabulary, as transformers
+# allows.
+GEMMA3_VLM_IDS = dict(image_token_index=99, boi_token_index=93,
+                      eoi_token_index=94)
+
+
+def tiny_gemma3_vlm(seed: int = 0
+                    ) -> transformers.Gemma3ForConditionalGeneration:
+  """The tiny Gemma 3 vision-language model with random parameters."""
+  config = transformers.Gemma3Config(
+      text_config=dict(
+          vocab_size=96, hidden_size=64, intermediate_size=96,
+          num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+          head_dim=16, sliding_window=3, max_position_embeddings=128,
+          rope_theta=10_000.0, rope_local_base_freq=10_000.0),
+      vision_config=dict(hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=2, num_attention_heads=4,
+                         image_size=28, patch_size=7, vision_use_head=False),
+      mm_tokens_per_image=4, **GEMMA3_VLM_IDS)
+  config.text_config._attn_implementation = "eager"  # pylint: disable=protected-access
+  torch.manual_seed(seed)
+  model = transformers.Gemma3ForConditionalGeneration(config).float().eval()
+  with torch.no_grad():
+    for name, parameter in model.named_parameters():
+      # SigLIP's LayerNorms multiply by their weight, Gemma's RMSNorms by
+      # 1 + weight.
+      layer_norm = "layer_norm" in name or "layernorm" in name.split(".")[-2]
+      mean = 1.0 if layer_norm and name.endswith("weight") else 0.0
+      parameter.normal_(mean, 0.1)
+  return model

@@ -5,7 +5,8 @@ writes a self-describing checkpoint to --out (model_config.json, Orbax
 params, tokenizer files). Ours -> Hugging Face (--to_hf): reads a converted
 checkpoint or a training checkpoint (<workdir>/checkpoints/<step>, or a
 workdir for its latest) and writes config.json, sharded safetensors and the
-tokenizer files, loadable by transformers.AutoModelForCausalLM.
+tokenizer files, loadable by transformers.AutoModelForCausalLM (a
+vision-language model: by AutoModelForImageTextToText; docs/multimodal.md).
 
 Examples:
 

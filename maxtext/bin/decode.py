@@ -13,10 +13,21 @@ those weights. --kv_cache=paged keeps the KV cache in pages of --page_size
 tokens allocated as the rows grow (--num_pages caps the pool), read by
 --paged_attention_impl at each step; same tokens as the dense cache.
 
+Vision-language models (Gemma 3 4b/12b/27b): --image=PATH (repeatable)
+gives every prompt those images, preprocessed as the checkpoint's
+`preprocessor_config.json` says (`maxtext.data.images`). A --prompt then
+becomes one user turn of the chat template (--chat_template, default the
+family's) holding the images, then the text, then the generation prompt;
+the template's image parts become the family's placeholder ids. With
+--prompt_ids the ids are what transformers' model gets as `input_ids`
+(placeholders expanded, one per soft token), the images fill them in order.
+
 Example:
 
   tools/bazel run //maxtext/bin:decode -- --checkpoint=ckpts/qwen3_0.6b \
       --prompt="The capital of France is" --max_new_tokens=32
+  tools/bazel run //maxtext/bin:decode -- --checkpoint=ckpts/gemma3_4b \
+      --image=cat.jpg --prompt="What is in the picture?"
 """
 
 from maxtext.common import host_memory
@@ -36,10 +47,13 @@ import numpy as np
 from maxtext.checkpoint import params_checkpoint
 from maxtext.common import cli
 from maxtext.data import assets
+from maxtext.data import chat_template
+from maxtext.data import images as images_lib
 from maxtext.data import tokenizer as tokenizer_lib
 from maxtext.inference import generate
 from maxtext.inference import sampler
 from maxtext.kernels import paged_attention
+from maxtext.models import registry
 from maxtext.posttrain import base_model
 from maxtext.quant import ptq
 
@@ -68,6 +82,13 @@ _PAGE_SIZE = flags.DEFINE_integer("page_size", 16,
 _NUM_PAGES = flags.DEFINE_integer(
     "num_pages", None, "Pages in the pool (--kv_cache=paged); default: "
     "enough for every prompt to reach its full length.")
+_IMAGE = flags.DEFINE_multi_string(
+    "image", [], "An image every prompt holds (repeatable; a "
+    "vision-language model).")
+_CHAT_TEMPLATE = flags.DEFINE_string(
+    "chat_template", None, "With --image and --prompt: the template (a "
+    "built-in name, .jinja or tokenizer_config.json); default: the "
+    "family's.")
 _PAGED_ATTENTION_IMPL = flags.DEFINE_enum(
     "paged_attention_impl", "auto", list(paged_attention.IMPLS),
     "Decode attention over the pages (--kv_cache=paged).")
@@ -99,12 +120,15 @@ def _model(cfg, params):
   return model
 
 
-def _prompt_ids(vocab_size: int) -> list[int]:
-  """--prompt_ids as token ids of a model with `vocab_size` ids.
+def _prompt_ids(cfg) -> list[int]:
+  """--prompt_ids as token ids of the model of `cfg`.
 
   Raises:
-    ValueError: an entry is not an integer or not in [0, vocab_size).
+    ValueError: an entry is not an integer, nor an id of the vocabulary or
+      the model's image placeholder.
   """
+  vocab_size = cfg.vocab_size
+  placeholder = cfg.vision.image_token_id if cfg.vision.layers else None
   ids = []
   for text in _PROMPT_IDS.value:
     try:
@@ -112,7 +136,7 @@ def _prompt_ids(vocab_size: int) -> list[int]:
     except ValueError:
       raise ValueError(f"--prompt_ids entry {text!r} is not a token id; give"
                        " comma-separated integers.") from None
-    if not 0 <= token < vocab_size:
+    if not 0 <= token < vocab_size and token != placeholder:
       raise ValueError(f"--prompt_ids entry {token} is outside the model's"
                        f" vocabulary; valid ids: 0 to {vocab_size - 1}.")
     ids.append(token)
@@ -128,6 +152,50 @@ def main(argv: list[str]) -> None:
     _decode()
 
 
+def _images(cfg, checkpoint: str, count: int) -> np.ndarray | None:
+  """--image for `count` prompts [count, v, h, w, e], or None without."""
+  if not _IMAGE.value:
+    return None
+  if not cfg.vision.layers:
+    raise ValueError(f"--image given, and the {cfg.family} model of "
+                     f"{checkpoint} has no vision tower (vision_layers=0).")
+  settings = images_lib.model_settings(cfg.vision, checkpoint)
+  pixels = np.stack([
+      images_lib.preprocess(images_lib.load(paths.user_path(image)),
+                            settings) for image in _IMAGE.value])
+  return np.broadcast_to(pixels, (count, *pixels.shape))
+
+
+def _text_prompts(cfg, tokenizer) -> list[list[int]]:
+  """--prompt as ids: plain text, or with --image a chat turn holding the
+  images."""
+  if not _IMAGE.value:
+    return [tokenizer.encode(text) for text in _PROMPT.value]
+  family = registry.family_module(cfg.family)
+  template = chat_template.load_template(
+      chat_template.user_template(_CHAT_TEMPLATE.value)
+      if _CHAT_TEMPLATE.value else family.CHAT_TEMPLATE)
+  encoder = chat_template.ChatEncoder(
+      template, tokenizer,
+      image_ids=family.image_prompt_ids(cfg.vision, tokenizer.encode))
+  images = [{"type": "image", "path": path} for path in _IMAGE.value]
+  return [encoder.prompt([{"role": "user", "content": images + [
+      {"type": "text", "text": text}]}]) for text in _PROMPT.value]
+
+
+def _check_placeholders(cfg, prompt: list[int]) -> None:
+  """With --image, the prompt holds one placeholder per soft token."""
+  if not _IMAGE.value:
+    return
+  want = len(_IMAGE.value) * cfg.vision.tokens_per_image
+  got = prompt.count(cfg.vision.image_token_id)
+  if got != want:
+    raise ValueError(
+        f"The prompt holds {got} image placeholders (id "
+        f"{cfg.vision.image_token_id}); {len(_IMAGE.value)} --image need "
+        f"{want} ({cfg.vision.tokens_per_image} each).")
+
+
 def _decode() -> None:
   checkpoint = paths.user_path(_CHECKPOINT.value)
   cfg, params = params_checkpoint.load_params(checkpoint)
@@ -135,7 +203,7 @@ def _decode() -> None:
   if _PROMPT.value:
     tokenizer_path = _tokenizer_path(checkpoint)
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
-    prompts = [tokenizer.encode(text) for text in _PROMPT.value]
+    prompts = _text_prompts(cfg, tokenizer)
     largest = max(max(prompt, default=0) for prompt in prompts)
     if largest >= cfg.vocab_size:
       raise ValueError(
@@ -143,13 +211,17 @@ def _decode() -> None:
           f" model's vocabulary (ids 0 to {cfg.vocab_size - 1}); pass the"
           " model's own with --tokenizer.")
   else:
-    prompts = [_prompt_ids(cfg.vocab_size)]
+    prompts = [_prompt_ids(cfg)]
+  for prompt in prompts:
+    _check_placeholders(cfg, prompt)
+  pixels = _images(cfg, checkpoint, len(prompts))
   model = _model(cfg, params)
   logging.info("Loaded a %s model from %s.", cfg.family, checkpoint)
   if not _PROMPT.value:
     if _DUMP_LOGITS.value:
       path = paths.user_path(_DUMP_LOGITS.value)
-      np.save(path, generate.prefill_logits(model, prompts[0]))
+      np.save(path, generate.prefill_logits(
+          model, prompts[0], None if pixels is None else pixels[0]))
       logging.info("Wrote prefill logits to %s.", path)
   outputs = generate.generate(
       model, prompts, max_new_tokens=_MAX_NEW_TOKENS.value, seed=_SEED.value,
@@ -158,13 +230,12 @@ def _decode() -> None:
                                     _TOP_P.value),
       kv_cache=_KV_CACHE.value, page_size=_PAGE_SIZE.value,
       num_pages=_NUM_PAGES.value,
-      paged_attention_impl=_PAGED_ATTENTION_IMPL.value)
+      paged_attention_impl=_PAGED_ATTENTION_IMPL.value, images=pixels)
   for prompt, output in zip(prompts, outputs):
     if tokenizer:
       print(f"{tokenizer.decode(prompt)!r} -> {tokenizer.decode(output)!r}")
     else:
       print(",".join(map(str, prompt)), "->", ",".join(map(str, output)))
-
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("checkpoint")

@@ -11,8 +11,10 @@ from unittest import mock
 from absl.testing import absltest
 from absl.testing import flagsaver
 import numpy as np
+from PIL import Image
 import tokenizers
 import torch
+from transformers.models.gemma3 import image_processing_pil_gemma3
 
 from maxtext.bin import decode
 from maxtext.checkpoint import hf_convert
@@ -126,6 +128,77 @@ class DecodeBinaryTest(absltest.TestCase):
   def test_needs_exactly_one_kind_of_prompt(self):
     with self.assertRaisesRegex(Exception, "--prompt"):
       self._run()
+
+
+class DecodeImagesTest(absltest.TestCase):
+  """--image with --prompt_ids on a converted tiny Gemma 3 vision-language
+  model: logits and greedy tokens equal transformers'."""
+
+  def setUp(self):
+    super().setUp()
+    self.user_dir = self.create_tempdir().full_path
+    self.hf_model = hf_tiny_models.tiny_gemma3_vlm()
+    hf_dir = os.path.join(self.user_dir, "hf")
+    self.hf_model.save_pretrained(hf_dir)
+    hf_convert.hf_to_orbax(hf_dir, os.path.join(self.user_dir, "ours"))
+    ids = hf_tiny_models.GEMMA3_VLM_IDS
+    image = [ids["boi_token_index"]] + [ids["image_token_index"]] * 4 + [
+        ids["eoi_token_index"]]
+    self.ids = [5, 17] + image + [3, 42] + image + [8, 9, 10]
+    rng = np.random.default_rng(0)
+    self.images = []
+    for i in range(2):
+      path = os.path.join(self.user_dir, f"image{i}.png")
+      Image.fromarray(rng.integers(0, 256, (40 + 9 * i, 31, 3),
+                                   dtype=np.uint8)).save(path)
+      self.images.append(f"image{i}.png")
+    self.enter_context(mock.patch.dict(
+        os.environ, {"BUILD_WORKING_DIRECTORY": self.user_dir}))
+
+  def _run(self, **flag_values) -> str:
+    stdout = io.StringIO()
+    with flagsaver.flagsaver(**{"checkpoint": "ours", "max_new_tokens": 6,
+                                **flag_values}):
+      with contextlib.redirect_stdout(stdout):
+        decode.main(["decode"])
+    return stdout.getvalue()
+
+  def test_prompt_ids_with_images(self):
+    printed = self._run(prompt_ids=[str(i) for i in self.ids],
+                        image=self.images, dump_logits="logits.npy")
+    processor = image_processing_pil_gemma3.Gemma3ImageProcessorPil(
+        size={"height": 28, "width": 28}, do_pan_and_scan=False)
+    pixels = processor(
+        [Image.open(os.path.join(self.user_dir, name))
+         for name in self.images], return_tensors="pt")["pixel_values"]
+    tokens = torch.tensor([self.ids])
+    inputs = dict(input_ids=tokens, pixel_values=pixels,
+                  token_type_ids=(tokens == 99).long(),
+                  attention_mask=torch.ones_like(tokens))
+    with torch.no_grad():
+      want = self.hf_model(**inputs).logits[0].numpy()
+      greedy = self.hf_model.generate(**inputs, max_new_tokens=6,
+                                      do_sample=False)[0, len(self.ids):]
+    got = np.load(os.path.join(self.user_dir, "logits.npy"))
+    self.assertLessEqual(float(np.abs(got - want).max()), 1e-4)
+    self.assertEqual(printed.strip(), ",".join(map(str, self.ids)) + " -> " +
+                     ",".join(map(str, greedy.tolist())))
+
+  def test_mistakes_are_one_line_errors(self):
+    with open(os.path.join(self.user_dir, "decode.txt"), "w",
+              encoding="utf-8") as f:
+      f.write("not an image")
+    for flag_values, message in (
+        (dict(prompt_ids=[str(i) for i in self.ids], image=self.images[:1]),
+         "holds 8 image placeholders"),
+        (dict(prompt_ids=[str(i) for i in self.ids],
+              image=["missing.png", self.images[1]]),
+         "missing.png does not exist"),
+        (dict(prompt_ids=[str(i) for i in self.ids], image=["decode.txt"] * 2),
+         "decode.txt cannot be read"),
+    ):
+      with self.assertRaisesRegex(SystemExit, f"decode: error: .*{message}"):
+        self._run(**flag_values)
 
 
 if __name__ == "__main__":

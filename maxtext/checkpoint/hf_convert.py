@@ -4,11 +4,14 @@
 model_type / architectures through `registry.family_from_hf_config`) and the
 `*.safetensors` weights, and writes a self-describing converted checkpoint
 (`maxtext.checkpoint.params_checkpoint`) in the chosen layout and dtype, with
-the tokenizer files and the original `config.json` (as `hf_config.json`).
-Multimodal checkpoints (Gemma 3 `Gemma3ForConditionalGeneration`, 4b/12b/27b)
-convert their text decoder: the settings come from `text_config`, the
-weights from `model.language_model.*` / `language_model.model.*`, and the
-vision tower and projector weights are skipped (their count is logged).
+the tokenizer files, the image preprocessing settings
+(`preprocessor_config.json`) and the original `config.json` (as
+`hf_config.json`). Multimodal checkpoints of a family with a vision tower
+(Gemma 3 `Gemma3ForConditionalGeneration`, 4b/12b/27b) convert whole: text
+decoder, tower and projector. Those of other families (Gemma 4) convert
+their text decoder: the settings come from `text_config`, the weights from
+`model.language_model.*` / `language_model.model.*`, and the vision weights
+are skipped (their count is logged).
 Quantized checkpoints (FP8 block-scaled DeepSeek-V3, MXFP4 GPT-OSS experts)
 are dequantized as each tensor is read (`quantized_weights`). A config that
 names multi-token prediction layers whose weights the folder lacks
@@ -19,9 +22,9 @@ warning.
 checkpoint or a training checkpoint it writes `config.json` (the family's
 `hf_config_from_model_config`, with the token ids of the original config when
 known), sharded safetensors and the tokenizer files, a folder that
-`transformers.AutoModelForCausalLM.from_pretrained` loads. It is always the
-text-only model (e.g. `Gemma3ForCausalLM` for a converted multimodal Gemma 3;
-the vision weights were not converted).
+`transformers.AutoModelForCausalLM.from_pretrained` loads (for a model with a
+vision tower, `Gemma3ForConditionalGeneration`:
+`AutoModelForImageTextToText`).
 
 Memory: HF -> ours builds the model abstract (`nnx.eval_shape`, nothing
 allocated) and fills it tensor by tensor from lazily read safetensors, so it
@@ -63,7 +66,10 @@ ORIGINAL_HF_CONFIG_FILENAME = "hf_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                    "special_tokens_map.json", "chat_template.jinja")
 # Copied through both ways with the tokenizer.
-EXTRA_FILES = TOKENIZER_FILES + ("generation_config.json",)
+# Image preprocessing settings (vision-language models) travel with them.
+EXTRA_FILES = TOKENIZER_FILES + ("generation_config.json",
+                                 "preprocessor_config.json",
+                                 "processor_config.json")
 # Keys of the original config.json carried over to an exported one.
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
@@ -93,8 +99,7 @@ def _model_config(hf_dir: str, hf_config: dict[str, Any]) -> ModelConfig:
   path = os.path.join(hf_dir, HF_CONFIG_FILENAME)
   try:
     family = registry.family_from_hf_config(hf_config)
-    return registry.family_module(family).model_config_from_hf(
-        registry.hf_text_config(hf_config))
+    return registry.model_config_from_hf(family, hf_config)
   except (KeyError, ValueError) as e:
     raise ConversionError(f"{path}: {type(e).__name__}: {e}") from e
 
@@ -241,8 +246,8 @@ def orbax_to_hf(checkpoint: str, out_dir: str, *,
     max_shard_size: Bytes per safetensors file at most ("5GB", "200MB").
     owned: The caller owns `out_dir` (see `exports.check_target`).
 
-  The output is the text-only model of the family (`Gemma3ForCausalLM`, not
-  `Gemma3ForConditionalGeneration`, for a converted multimodal Gemma 3).
+  The output is the family's text model, or its vision-language one
+  (`Gemma3ForConditionalGeneration`) for a model with a vision tower.
 
   Returns:
     The safetensors files written.

@@ -193,13 +193,15 @@ _NEW_MULTIMODAL_PREFIXES = {
 
 
 class MultimodalGemma3Test(parameterized.TestCase):
-  """`Gemma3ForConditionalGeneration` folders convert their text decoder."""
+  """`Gemma3ForConditionalGeneration` folders, under each naming, convert
+  whole (the text decoder, the vision tower and projector; the tower's
+  unused pooling head skipped) and export as they came."""
 
   @parameterized.named_parameters(
       ("older_names", False, None),
       ("older_names_lm_head", False, "language_model.lm_head.weight"),
       ("newer_names_lm_head", True, "lm_head.weight"))
-  def test_text_decoder_converts(self, newer_names, lm_head):
+  def test_converts_whole(self, newer_names, lm_head):
     hf_model = _tiny_multimodal_gemma3()
     # Text-only tokens (no image / begin / end-of-image tokens).
     tokens = _TOKENS % 120
@@ -223,9 +225,8 @@ class MultimodalGemma3Test(parameterized.TestCase):
     if lm_head:  # The tied head, as some checkpoints store it.
       tensors[lm_head] = tensors[embedding_name].copy()
     safetensors_numpy.save_file(tensors, path, metadata={"format": "pt"})
-    num_vision = sum("vision_tower." in name or "multi_modal_projector." in name
-                     for name in tensors)
-    self.assertGreater(num_vision, 0)
+    num_head = sum("vision_tower.head." in name for name in tensors)
+    self.assertGreater(num_head, 0)
     config = _read_json(hf_dir, "config.json")
     self.assertEqual(config["architectures"],
                      ["Gemma3ForConditionalGeneration"])
@@ -234,10 +235,11 @@ class MultimodalGemma3Test(parameterized.TestCase):
     ours = self.create_tempdir().full_path
     with self.assertLogs(level="INFO") as logs:
       cfg = hf_convert.hf_to_orbax(hf_dir, ours)
-    self.assertTrue(any(f"skipping {num_vision} other weights" in line
+    self.assertTrue(any(f"Skipping {num_head} Hugging Face weights" in line
                         for line in logs.output), logs.output)
-    self.assertEqual((cfg.family, cfg.num_layers, cfg.vocab_size),
-                     ("gemma3", 3, 128))
+    self.assertEqual((cfg.family, cfg.num_layers, cfg.vocab_size,
+                      cfg.vision.layers, cfg.vision.tokens_per_image),
+                     ("gemma3", 3, 128, 1, 4))
     cfg, params = params_checkpoint.load_converted(ours)
     model = params_checkpoint.model_from_params(cfg, params)
     logits = nnx.jit(lambda m, t: m(t))(model, jnp.asarray(tokens))
@@ -246,14 +248,15 @@ class MultimodalGemma3Test(parameterized.TestCase):
           f"max |logit diff| = {diff:.3g}")
     self.assertLessEqual(diff, _TOLERANCE)
 
-    # Export is the text-only Gemma3ForCausalLM.
+    # Export is the whole Gemma3ForConditionalGeneration, without the head.
     back = self.create_tempdir().full_path
     hf_convert.orbax_to_hf(ours, back)
     self.assertEqual(_read_json(back, "config.json")["architectures"],
-                     ["Gemma3ForCausalLM"])
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+                     ["Gemma3ForConditionalGeneration"])
+    reloaded = transformers.AutoModelForImageTextToText.from_pretrained(
         back, attn_implementation="eager").eval()
-    self.assertIsInstance(reloaded, transformers.Gemma3ForCausalLM)
+    self.assertIsInstance(reloaded,
+                          transformers.Gemma3ForConditionalGeneration)
     with torch.no_grad():
       reloaded_logits = reloaded(torch.tensor(tokens)).logits.numpy()
     np.testing.assert_allclose(reloaded_logits, want_logits, rtol=0,
@@ -272,7 +275,11 @@ class MultimodalGemma3Test(parameterized.TestCase):
               "model_type": "gemma3_text", "num_hidden_layers": 34,
               "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
               "sliding_window": 1024},
-          "vision_config": {"model_type": "siglip_vision_model"}}, f)
+          "vision_config": {
+              "hidden_size": 1152, "image_size": 896,
+              "intermediate_size": 4304, "model_type": "siglip_vision_model",
+              "num_attention_heads": 16, "num_hidden_layers": 27,
+              "patch_size": 14, "vision_use_head": False}}, f)
     cfg = hf_convert.model_config_from_hf_dir(hf_dir)
     self.assertEqual(
         (cfg.family, cfg.vocab_size, cfg.num_layers, cfg.embed_dim,
@@ -283,6 +290,11 @@ class MultimodalGemma3Test(parameterized.TestCase):
          cfg.tie_embeddings),
         ("gemma3", 262_208, 34, 2560, 10240, 8, 4, 256, 1024, 6, 1e6, 1e4,
          "linear", 8.0, True))
+    self.assertEqual(
+        (cfg.vision.layers, cfg.vision.embed_dim, cfg.vision.mlp_dim,
+         cfg.vision.num_heads, cfg.vision.image_size,
+         cfg.vision.tokens_per_image, cfg.vision.image_token_id),
+        (27, 1152, 4304, 16, 896, 256, 262_144))
 
 
 class BadInputTest(absltest.TestCase):

@@ -80,6 +80,14 @@ SHAPE_KEY = {
     "n": "key blocks (tiles) of a kernel",
     "q": "queries per block",
     "s": "keys per block",
+    # Vision towers.
+    "v": "images",
+    "t": "patches of an image (the tower's tokens)",
+    "u": "soft tokens of an image in the decoder",
+    "h": "pixel rows of an image",
+    "w": "pixel columns of an image",
+    "e": "color channels",
+    "d": "width of a vision tower",
 }
 
 # Activation axes.

@@ -117,3 +117,18 @@ def check_kv_sharing(self) -> None:
       fail("kv_shared_layers", shared,
            f"leaves no layer before layer {first} with the span ({what}) "
            "of a layer that shares keys and values, to read them from")
+
+
+
+def check_vision(self) -> None:
+  """A vision tower's soft tokens need GQA attention (MLA takes no image
+  blocks) and a decoder without per-layer inputs (whose embedding of the
+  placeholder would not be replaced)."""
+  if not self.vision.layers:
+    return
+  if self.attention.type != "gqa":
+    fail("vision_layers", self.vision.layers,
+         f'needs attention_type="gqa", not {self.attention.type!r}')
+  if self.per_layer_input_dim:
+    fail("vision_layers", self.vision.layers,
+         "is not supported with per_layer_input_dim (use 0)")

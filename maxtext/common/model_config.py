@@ -18,6 +18,8 @@ each layer receives only its own part:
   mtp        `maxtext.models.mtp.MtpConfig`              (mtp_*)
   pattern    `maxtext.common.layer_pattern.PatternConfig` (which layers are
              local or global, dense or experts)
+  vision     `maxtext.layers.vision.VisionConfig`        (vision_*: the
+             vision tower of a vision-language model, none by default)
 
 Each part's `KEYS` maps its fields to their section keys; an invalid value
 is reported under its key ("ModelConfig.rope_theta=-1.0 is invalid: ...").
@@ -42,6 +44,7 @@ from maxtext.layers import mlp as mlp_lib
 from maxtext.layers import moe as moe_lib
 from maxtext.layers import norm as norm_lib
 from maxtext.layers import rope as rope_lib
+from maxtext.layers import vision as vision_lib
 from maxtext.models import mtp as mtp_lib
 
 DTYPES = ("float32", "bfloat16")
@@ -69,6 +72,7 @@ PARTS = {
     "mla": mla_lib.MlaConfig,
     "mtp": mtp_lib.MtpConfig,
     "pattern": pattern_lib.PatternConfig,
+    "vision": vision_lib.VisionConfig,
 }
 
 
@@ -92,8 +96,8 @@ class ModelConfig:
     vocab_size: Number of token ids.
     num_layers: Number of decoder blocks.
     embed_dim: Width of the residual stream.
-    attention, rope, norm, mlp, moe, mla, mtp, pattern: The parts (module
-      doc).
+    attention, rope, norm, mlp, moe, mla, mtp, pattern, vision: The parts
+      (module doc).
     tie_embeddings: The output head reuses the token embedding.
     dtype: Compute dtype name.
     param_dtype: Parameter dtype name.
@@ -136,6 +140,8 @@ class ModelConfig:
   mtp: mtp_lib.MtpConfig = dataclasses.field(default_factory=mtp_lib.MtpConfig)
   pattern: pattern_lib.PatternConfig = dataclasses.field(
       default_factory=pattern_lib.PatternConfig)
+  vision: vision_lib.VisionConfig = dataclasses.field(
+      default_factory=vision_lib.VisionConfig)
   tie_embeddings: bool = True
   dtype: str = "float32"
   param_dtype: str = "float32"
@@ -254,6 +260,7 @@ class ModelConfig:
     model_checks.check_nope(self)
     model_checks.check_mla(self)
     model_checks.check_kv_sharing(self)
+    model_checks.check_vision(self)
 
   def moe_layer(self, layer: int) -> bool:
     """Whether layer `layer` (0-based) has experts instead of a dense MLP."""

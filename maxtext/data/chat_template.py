@@ -10,6 +10,13 @@ exactly as in `tokenizer.apply_chat_template(..., tokenize=False)`.
 `load_template(spec)` takes a built-in name (`TEMPLATES`), a `.jinja` file, or
 a `tokenizer_config.json`.
 
+A message's content is a string, or a list of parts (transformers' format):
+`{"type": "text", "text": ...}` and `{"type": "image", ...}` (a path, URL
+field or bytes: `image_parts` gives them in order, the caller loads them).
+An image part renders as a mark that `encode` replaces with the ids one image
+expands into (`image_ids`: the family's placeholders, one per soft token,
+never parsed from text); those ids have loss weight 0.
+
 Only the assistant turns are trained on: `encode_chat` renders each
 assistant turn as the difference between the conversation up to it and the
 conversation before it with the generation prompt, and gives its tokens (with
@@ -147,21 +154,61 @@ def load_template(spec: str) -> str:
   return template
 
 
-def _check_messages(messages: Any) -> Sequence[Mapping[str, str]]:
+# Where an image part was, in a message's flattened content.
+_IMAGE = "\ue002"
+
+
+def _content_text(i: int, content: Any) -> str:
+  """A message's content as one string, each image part an `_IMAGE` mark
+  (one a content already held becomes U+FFFD)."""
+  if isinstance(content, str):
+    return content.replace(_IMAGE, "\ufffd")
+  if not isinstance(content, list):
+    raise ChatTemplateError(
+        f"message {i} content is a {type(content).__name__}; expected a "
+        "string or a list of parts")
+  text = ""
+  for part in content:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text" and isinstance(part.get("text"), str):
+      text += part["text"].replace(_IMAGE, "\ufffd")
+    elif kind == "image":
+      text += _IMAGE
+    else:
+      raise ChatTemplateError(
+          f"message {i} has a part that is neither {{'type': 'text', "
+          f"'text': str}} nor {{'type': 'image', ...}}: {str(part)[:80]!r}")
+  return text
+
+
+def image_parts(messages: Any) -> list[Mapping[str, Any]]:
+  """The image parts of `messages`, in the order `encode` places them."""
+  return [part for message in messages if isinstance(message, dict)
+          and isinstance(message.get("content"), list)
+          for part in message["content"]
+          if isinstance(part, dict) and part.get("type") == "image"]
+
+
+def _check_messages(messages: Any, *, assistant: bool = True
+                    ) -> list[dict[str, str]]:
+  """`messages` with string contents (`_content_text`), checked; with
+  `assistant`, one of them must be the assistant's."""
   if not isinstance(messages, list) or not messages:
     raise ChatTemplateError(
         "expected a non-empty list of messages, got"
         f" {type(messages).__name__}")
+  flat = []
   for i, message in enumerate(messages):
     if not isinstance(message, dict) or not isinstance(
-        message.get("role"), str) or not isinstance(message.get("content"),
-                                                     str):
+        message.get("role"), str) or "content" not in message:
       raise ChatTemplateError(
-          f"message {i} is not a {{'role': str, 'content': str}} object:"
-          f" {str(message)[:80]!r}")
-  if not any(m["role"] == ASSISTANT_ROLE for m in messages):
+          f"message {i} is not a {{'role': str, 'content': str or parts}} "
+          f"object: {str(message)[:80]!r}")
+    flat.append({**message,
+                 "content": _content_text(i, message["content"])})
+  if assistant and not any(m["role"] == ASSISTANT_ROLE for m in flat):
     raise ChatTemplateError("the conversation has no assistant message")
-  return messages
+  return flat
 
 
 # Around each message's content while rendering for `ChatEncoder.encode`:
@@ -201,9 +248,12 @@ class ChatEncoder:
   literal "<|im_end|>" typed in a message stays text.
   """
 
-  def __init__(self, source: str, tokenizer: tokenizer_lib.Tokenizer):
+  def __init__(self, source: str, tokenizer: tokenizer_lib.Tokenizer, *,
+               image_ids: Sequence[int] = ()):
+    """`image_ids`: what one image part becomes (empty: images refused)."""
     self.source = source
     self.tokenizer = tokenizer
+    self.image_ids = list(image_ids)
     self._template = compile_template(source)
     # Special tokens the template may write as text, mapped to their ids
     # directly (SentencePiece would otherwise spell them out).
@@ -254,6 +304,14 @@ class ChatEncoder:
     return [(_CONTENT_MARKS.sub("", text), is_assistant)
             for text, is_assistant in self._marked_pieces(messages)]
 
+  def prompt(self, messages: Any) -> list[int]:
+    """Token ids of `messages` (no assistant turn needed) followed by the
+    generation prompt: what a model answers."""
+    flat = [_marked(m) for m in _check_messages(messages, assistant=False)]
+    ids, _ = self._ids([(self.render(flat, add_generation_prompt=True),
+                         False)])
+    return ids
+
   def _marked_pieces(self, messages: Any) -> list[tuple[str, bool]]:
     """`pieces`, each message's content between the content marks."""
     messages = [_marked(m) for m in _check_messages(messages)]
@@ -287,17 +345,33 @@ class ChatEncoder:
     reasoning part) leaves no whole contents to tell apart: its rendering is
     then tokenized as before, markup and contents alike.
     """
-    marked = self._marked_pieces(messages)
+    return self._ids(self._marked_pieces(messages))
+
+  def _ids(self, marked: list[tuple[str, bool]]
+           ) -> tuple[list[int], list[int]]:
+    """`encode` of rendered (text, is_assistant_turn) pieces."""
     marks = "".join(_CONTENT_MARKS.findall("".join(t for t, _ in marked)))
     if marks != (_CONTENT_START + _CONTENT_END) * (len(marks) // 2):
       marked = [(_CONTENT_MARKS.sub("", text), is_assistant)
                 for text, is_assistant in marked]
+    if not self.image_ids and any(_IMAGE in text for text, _ in marked):
+      raise ChatTemplateError("the conversation has an image part, and this "
+                              "model takes no images (no vision tower)")
     ids, weights, in_content = [], [], False
     for text, is_assistant in marked:
       piece, markup = [], ""
-      for part in re.split(f"([{_CONTENT_START}{_CONTENT_END}])", text):
+      for part in re.split(f"([{_CONTENT_START}{_CONTENT_END}{_IMAGE}])",
+                           text):
         if part in (_CONTENT_START, _CONTENT_END):
           in_content = part == _CONTENT_START
+          continue
+        if part == _IMAGE:  # Never trained on.
+          piece += self._encode(markup)
+          ids += piece
+          weights += [int(is_assistant)] * len(piece)
+          ids += self.image_ids
+          weights += [0] * len(self.image_ids)
+          piece, markup = [], ""
           continue
         if not in_content or self._literal_re is None:
           markup += part

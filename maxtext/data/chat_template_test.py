@@ -160,5 +160,61 @@ class ChatTemplateTest(parameterized.TestCase):
       chat_template.load_template("vicuna")
 
 
+class ImagePartsTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.tok = tokenizer_lib.load_tokenizer(assets.default_tokenizer())
+    self.image_ids = [7, 8, 8, 9]
+    self.encoder = chat_template.ChatEncoder(
+        chat_template.TEMPLATES["gemma"], self.tok, image_ids=self.image_ids)
+    self.parts = [{"type": "image", "path": "a.png"},
+                  {"type": "image", "image": b"\x89PNG"}]
+    self.messages = [
+        {"role": "user", "content": [
+            {"type": "text", "text": "Look:"}, self.parts[0],
+            {"type": "text", "text": "and"}, self.parts[1],
+            {"type": "text", "text": "What differs?"}]},
+        {"role": "assistant", "content": "The colour."}]
+
+  def test_images_become_their_ids_untrained(self):
+    ids, weights = self.encoder.encode(self.messages)
+    starts = [i for i in range(len(ids))
+              if ids[i:i + len(self.image_ids)] == self.image_ids]
+    self.assertLen(starts, 2)
+    for start in starts:
+      self.assertEqual(weights[start:start + 4], [0] * 4)
+    # Around the images, the ids of the text as the template renders it.
+    without = [token for i, token in enumerate(ids)
+               if not any(s <= i < s + 4 for s in starts)]
+    self.assertEqual(self.tok.decode(without).replace(" ", ""),
+                     self.encoder.render([
+                         {"role": "user", "content": "Look:andWhat differs?"},
+                         self.messages[1]]).replace(" ", "").replace(
+                             "<bos>", "").replace("<s>", ""))
+    _, text_weights = self.encoder.encode([
+        {"role": "user", "content": "Look: and What differs?"},
+        self.messages[1]])
+    self.assertEqual(sum(weights), sum(text_weights))
+    self.assertEqual(chat_template.image_parts(self.messages), self.parts)
+
+  def test_prompt(self):
+    ids = self.encoder.prompt(self.messages[:1])
+    self.assertEqual(ids.count(7), 2)
+    self.assertTrue(self.tok.decode(ids).rstrip().endswith(
+        "<start_of_turn>model"), self.tok.decode(ids))
+
+  def test_errors(self):
+    text_only = chat_template.ChatEncoder(chat_template.TEMPLATES["gemma"],
+                                          self.tok)
+    with self.assertRaisesRegex(chat_template.ChatTemplateError,
+                                "no vision tower"):
+      text_only.encode(self.messages)
+    with self.assertRaisesRegex(chat_template.ChatTemplateError,
+                                "message 0 has a part"):
+      self.encoder.encode([{"role": "user", "content": [{"type": "audio"}]},
+                           self.messages[1]])
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -120,13 +120,16 @@ def _page_table(pool):
   return None if pool is None else pool.page_table_BN
 
 
-def _prefill(model, tokens_BL, lengths_B, cache, page_table_BN=None):
+def _prefill(model, tokens_BL, lengths_B, cache, page_table_BN=None,
+             images_Bvhwe=None):
   """(logits [B, L, V], logits [B, V] at each row's last prompt token,
-  cache); `page_table_BN` with a paged cache."""
+  cache); `page_table_BN` with a paged cache; `images_Bvhwe`: the prompts'
+  images (a vision-language model)."""
   positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]),
                                   tokens_BL.shape)
+  images = {} if images_Bvhwe is None else {"images_Bvhwe": images_Bvhwe}
   logits_BLV, cache = model(tokens_BL, positions_BL, cache=cache,
-                            page_table_BN=page_table_BN)
+                            page_table_BN=page_table_BN, **images)
   last_BV = jnp.take_along_axis(logits_BLV, (lengths_B - 1)[:, None, None],
                                 axis=1)[:, 0]
   return logits_BLV, last_BV, cache
@@ -144,7 +147,7 @@ def _token_logprobs(logits_BV, token_B, params):
 @functools.partial(jax.jit,
                    static_argnames=("graphdef", "max_new_tokens", "paging"))
 def _generate(graphdef, state, tokens_BL, lengths_B, key, params, stop_ids,
-              suppress_ids, *, max_new_tokens, paging):
+              suppress_ids, images_Bvhwe, *, max_new_tokens, paging):
   """Generated tokens [B, I] (0 after a row stopped), their log-probs
   [B, I] (0 after a row stopped), their counts [B] and whether the page
   pool ran out (False with a dense cache, `paging` None)."""
@@ -156,7 +159,7 @@ def _generate(graphdef, state, tokens_BL, lengths_B, key, params, stop_ids,
   else:
     cache, pool = _paged_cache(model, lengths_B, cache_length, paging)
   _, logits_BV, cache = _prefill(model, tokens_BL, lengths_B, cache,
-                                 _page_table(pool))
+                                 _page_table(pool), images_Bvhwe)
 
   def next_token(logits_BV, step):
     """(sampled token [B], its log-prob [B])."""
@@ -240,6 +243,7 @@ def generate_with_logprobs(
     page_size: int = 16,
     num_pages: int | None = None,
     paged_attention_impl: str = "auto",
+    images: np.ndarray | None = None,
 ) -> tuple[list[list[int]], list[np.ndarray]]:
   """Generates up to `max_new_tokens` tokens after each prompt.
 
@@ -259,6 +263,8 @@ def generate_with_logprobs(
       row to reach the padded prompt length + `max_new_tokens`.
     paged_attention_impl: The `paged_attention.IMPLS` entry that reads a
       paged cache at decode steps.
+    images: For a vision-language model, each row's images [B, v, h, w, e]
+      (`maxtext.data.images`), whose placeholders the prompts hold.
 
   Returns:
     (tokens, logprobs): the generated tokens of each row, and their float32
@@ -285,6 +291,7 @@ def generate_with_logprobs(
       jax.random.key(seed), traced,
       jnp.asarray(list(stop_ids) or [-1], jnp.int32),
       jnp.asarray(list(suppress_ids), jnp.int32),
+      None if images is None else jnp.asarray(images),
       max_new_tokens=max_new_tokens, paging=paging)
   if overflow:
     raise ValueError(
@@ -310,6 +317,7 @@ def generate(
     page_size: int = 16,
     num_pages: int | None = None,
     paged_attention_impl: str = "auto",
+    images: np.ndarray | None = None,
 ) -> list[list[int]]:
   """Generates up to `max_new_tokens` tokens after each prompt.
 
@@ -324,6 +332,7 @@ def generate(
     page_size: See `generate_with_logprobs`.
     num_pages: See `generate_with_logprobs`.
     paged_attention_impl: See `generate_with_logprobs`.
+    images: See `generate_with_logprobs`.
 
   Returns:
     The generated tokens of each row.
@@ -332,21 +341,25 @@ def generate(
       model, prompts, max_new_tokens=max_new_tokens, params=params,
       stop_ids=() if eos_id is None else (eos_id,), seed=seed,
       kv_cache=kv_cache, page_size=page_size, num_pages=num_pages,
-      paged_attention_impl=paged_attention_impl)
+      paged_attention_impl=paged_attention_impl, images=images)
   return tokens
 
 
 @nnx.jit
-def _prefill_logits(model, tokens_1L):
+def _prefill_logits(model, tokens_1L, images_1vhwe):
   length = tokens_1L.shape[1]
   logits_1LV, _, _ = _prefill(model, tokens_1L, jnp.array([length]),
-                              model.init_cache(1, length))
+                              model.init_cache(1, length),
+                              images_Bvhwe=images_1vhwe)
   return logits_1LV[0]
 
 
-def prefill_logits(model: nnx.Module, token_ids: list[int]) -> np.ndarray:
-  """float32 logits [L, V] of the prompt `token_ids`, from the cached
-  prefill that generation runs."""
+def prefill_logits(model: nnx.Module, token_ids: list[int],
+                   images: np.ndarray | None = None) -> np.ndarray:
+  """float32 logits [L, V] of the prompt `token_ids` (with its `images`
+  [v, h, w, e], a vision-language model), from the cached prefill that
+  generation runs."""
   tokens_1L, _ = _pad([token_ids])
-  return np.asarray(_prefill_logits(model, jnp.asarray(tokens_1L)),
-                    np.float32)
+  images_1vhwe = None if images is None else jnp.asarray(images)[None]
+  return np.asarray(_prefill_logits(model, jnp.asarray(tokens_1L),
+                                    images_1vhwe), np.float32)

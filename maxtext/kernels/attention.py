@@ -59,6 +59,15 @@ def positions_mask(
   return mask_BLS
 
 
+def with_blocks(mask_BLS: jax.Array, q_blocks_BL: jax.Array,
+                kv_blocks_BS: jax.Array) -> jax.Array:
+  """`mask_BLS` [B or 1, L, S] also True where query i and key j are in
+  the same block (equal ids >= 0: one image's tokens, which attend to each
+  other bidirectionally; -1 marks tokens of no block)."""
+  q_BL1 = q_blocks_BL[:, :, None]
+  return mask_BLS | ((q_BL1 == kv_blocks_BS[:, None, :]) & (q_BL1 >= 0))
+
+
 def chunk_segment_ids(positions_BL: jax.Array, chunk: int,
                       segment_ids_BL: jax.Array | None = None) -> jax.Array:
   """Segment ids [B, L] that make causal attention chunked: a token sees only

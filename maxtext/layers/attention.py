@@ -272,6 +272,7 @@ class Attention(nnx.Module):
       cache: kv_cache_lib.KVCache | kv_cache_lib.PagedView | None = None,
       positions_BL: jax.Array | None = None,
       kv: tuple[jax.Array, jax.Array] | None = None,
+      image_blocks_BL: jax.Array | None = None,
   ) -> jax.Array | tuple[jax.Array, kv_cache_lib.KVCache |
                          kv_cache_lib.PagedView]:
     """Attends causally; `window` limits how far back a query looks, `chunk`
@@ -286,6 +287,11 @@ class Attention(nnx.Module):
     `keys_values` (of this layer, or of the layer whose keys and values a
     `kv_shared` layer reads; None: computed here). A `kv_shared` layer
     reads `cache` (that layer's, already written) and writes nothing.
+
+    `image_blocks_BL` (`maxtext.layers.vision.image_blocks`): tokens with
+    the same id >= 0 also attend to each other, later ones included (an
+    image's soft tokens), whatever the window; the kernel then takes an
+    explicit mask.
     """
     if cache is None and positions_BL is None:
       positions_BL = jnp.broadcast_to(jnp.arange(x_BLD.shape[1]),
@@ -315,16 +321,21 @@ class Attention(nnx.Module):
       if chunk is not None:
         segment_ids_BL = attention_kernels.chunk_segment_ids(
             positions_BL, chunk, segment_ids_BL)
-      o_BLHK = self.kernel(q_BLHK, k_BLGK, v_BLGK,
-                           scale=self.scale, window=window,
-                           segment_ids_BL=segment_ids_BL,
-                           logit_softcap=self.logit_softcap, sinks_H=sinks_H)
+      masks = dict(window=window, segment_ids_BL=segment_ids_BL)
+      if image_blocks_BL is not None:
+        masks = dict(mask_BLS=attention_kernels.with_blocks(
+            attention_kernels.attention_mask(x_BLD.shape[1], window,
+                                             segment_ids_BL),
+            image_blocks_BL, image_blocks_BL))
+      o_BLHK = self.kernel(q_BLHK, k_BLGK, v_BLGK, scale=self.scale,
+                           logit_softcap=self.logit_softcap, sinks_H=sinks_H,
+                           **masks)
     else:
       kv_cache_lib.check_decode_args(segment_ids_BL, positions_BL)
       if not shared:
         cache = cache.write(*kv, positions_BL[:, 0])
       o_BLHK = self._attend_cache(q_BLHK, cache, positions_BL, window, chunk,
-                                  sinks_H)
+                                  sinks_H, image_blocks_BL)
     o_BLHK = checkpoint_name(axes.constrain(o_BLHK, q_names),
                              "attention_context")
     out_BLD = checkpoint_name(self.output(o_BLHK), "out_proj")
@@ -358,16 +369,17 @@ class Attention(nnx.Module):
             axes.constrain(v_BLGK, kv_names))
 
   def _attend_cache(self, q_BLHK, cache, positions_BL, window, chunk,
-                    sinks_H):
+                    sinks_H, image_blocks_BL=None):
     """The queries at `positions_BL` over the (already written) cache.
 
     One query per row over a `PagedView` reads the pages in place
     (`paged_attention`); otherwise the model's kernel runs over the dense
     cache (a paged one gathered) with a causal, windowed or chunked mask by
-    position.
+    position, and with `image_blocks_BL` bidirectional among the tokens of
+    one block that this call writes.
     """
     paged = isinstance(cache, kv_cache_lib.PagedView)
-    if paged and q_BLHK.shape[1] == 1:
+    if paged and q_BLHK.shape[1] == 1 and image_blocks_BL is None:
       pages = cache.pages
       o_BHK = paged_attention.paged_attention(
           q_BLHK[:, 0], pages.key_pages_PpGK, pages.value_pages_PpGK,
@@ -379,6 +391,14 @@ class Attention(nnx.Module):
                       else (cache.key_BSGK, cache.value_BSGK))
     mask_BLS = attention_kernels.positions_mask(positions_BL, cache.length,
                                                 window, chunk)
+    if image_blocks_BL is not None:
+      rows_B1 = jnp.arange(positions_BL.shape[0])[:, None]
+      kv_blocks_BS = jnp.full((positions_BL.shape[0], cache.length), -1,
+                              image_blocks_BL.dtype)
+      kv_blocks_BS = kv_blocks_BS.at[rows_B1, positions_BL].set(
+          image_blocks_BL, mode="drop")
+      mask_BLS = attention_kernels.with_blocks(mask_BLS, image_blocks_BL,
+                                               kv_blocks_BS)
     return self.kernel(q_BLHK, k_BSGK, v_BSGK, scale=self.scale,
                        logit_softcap=self.logit_softcap, mask_BLS=mask_BLS,
                        sinks_H=sinks_H)

@@ -74,3 +74,24 @@ def normalize(x: jax.Array, eps: float, num_axes: int = 1) -> jax.Array:
   over = tuple(range(-num_axes, 0))
   mean_square = jnp.mean(jnp.square(x_f32), axis=over, keepdims=True)
   return x_f32 * jax.lax.rsqrt(mean_square + eps)
+
+
+class LayerNorm(nnx.Module):
+  """`y = (x - mean(x)) / sqrt(var(x) + eps) * scale + bias` over the last
+  axis, computed in float32 (the vision towers' norm: SigLIP)."""
+
+  def __init__(self, dim: int, *, axis_name: str, eps: float,
+               param_dtype: str):
+    self.scale = axes.param(jnp.ones((dim,), jnp.dtype(param_dtype)),
+                            (axis_name,))
+    self.bias = axes.param(jnp.zeros((dim,), jnp.dtype(param_dtype)),
+                           (axis_name,))
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x_f32 = x.astype(jnp.float32)
+    mean = jnp.mean(x_f32, axis=-1, keepdims=True)
+    variance = jnp.mean(jnp.square(x_f32 - mean), axis=-1, keepdims=True)
+    y = (x_f32 - mean) * jax.lax.rsqrt(variance + self.eps)
+    return (y * self.scale[...].astype(jnp.float32) +
+            self.bias[...].astype(jnp.float32)).astype(x.dtype)

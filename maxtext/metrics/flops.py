@@ -19,6 +19,12 @@ layer's keys and values have no key and value projections). Per-layer inputs
 D*layers*P and each layer's gate and projection 2*D*P (their token
 embedding is a lookup).
 
+A vision tower (`vision_flops_per_image`) counts per image: its patch
+projection p*p*3*d and layers 4*d*d + 2*d*F per patch (t patches), its
+bidirectional attention 4*t*d per patch per layer, and the projector u*d*D;
+2 FLOPs per multiply-add, times 3 when it trains, once when frozen (forward
+only).
+
 Attention (scores Q.K and the weighted sum P.V): 2 * 2 * H * K FLOPs per
 attended key in the forward pass, 3x that for training, so
 12 * H * K * (mean keys attended per query) per layer. A causal layer over a
@@ -150,3 +156,20 @@ def peak_flops_per_device(device_kind: str | None = None,
     if re.search(pattern, device_kind, flags=re.IGNORECASE):
       return peak
   return 0.0
+
+
+def vision_flops_per_image(cfg: ModelConfig, *, trained: bool) -> float:
+  """FLOPs of one image through the vision tower and the projector (0
+  without a tower): forward, times 3 when they train (`trained`; a frozen
+  tower computes no gradients)."""
+  vision = cfg.vision
+  if not vision.layers:
+    return 0.0
+  patches = vision.patches_per_side**2
+  width = vision.embed_dim
+  per_patch = (3 * vision.patch_size**2 * width + vision.layers *
+               (4 * width * width + 2 * width * vision.mlp_dim +
+                2 * patches * width))
+  projector = vision.tokens_per_image * width * cfg.embed_dim
+  forward = 2 * (patches * per_patch + projector)
+  return forward * (3 if trained else 1)

@@ -120,13 +120,15 @@ class Block(nnx.Module):
                positions_BL: jax.Array | None = None,
                cache: kv_cache_lib.KVCache | None = None,
                inputs: LayerInputs = LayerInputs(),
-               store_kv: bool = False):
+               store_kv: bool = False,
+               image_blocks_BL: jax.Array | None = None):
     """Returns (new residual stream, cache or None, moe aux dict or None,
     its keys and values or None); `rotary` None: the layer has none.
 
     `inputs`: the layer's own input and, for a layer that shares keys and
     values, another layer's. `store_kv` (no cache): return this layer's
-    keys and values for the layers that share them.
+    keys and values for the layers that share them. `image_blocks_BL`:
+    tokens of one image attend to each other (`attention.Attention`).
     """
     h_BLD = _norm(self.pre_attention_norm, x_BLD)
     kv = inputs.kv
@@ -134,6 +136,8 @@ class Block(nnx.Module):
       kv = self.attention.keys_values(h_BLD, rotary)
     # Only GQA layers share keys and values (MLA takes no `kv`).
     shared = {} if kv is None else {"kv": kv}
+    if image_blocks_BL is not None:  # Only GQA layers take images' blocks.
+      shared["image_blocks_BL"] = image_blocks_BL
     h_BLD = self.attention(h_BLD, rotary, window=window, chunk=chunk,
                            segment_ids_BL=segment_ids_BL, cache=cache,
                            positions_BL=positions_BL, **shared)
@@ -193,7 +197,8 @@ def _with_remat(call_block, cfg: ModelConfig, config: remat.RematConfig):
 def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
                  positions_BL: jax.Array, segment_ids_BL: jax.Array | None, *,
                  cached: bool, page_table_BN: jax.Array | None = None,
-                 remat_config: remat.RematConfig = remat.RematConfig()):
+                 remat_config: remat.RematConfig = remat.RematConfig(),
+                 image_blocks_BL: jax.Array | None = None):
   """`run_block(block, x_BLD, layer, layer_cache, inputs) -> (x_BLD,
   layer_cache, aux, kv)` for the layers of `pattern`, `inputs` its
   `LayerInputs`, aux the block's MoE aux dict or None, kv the keys and
@@ -204,6 +209,8 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
   layer shares); a layer that shares keys and values gets the cache of the
   layer that stores them, reads it and returns it unchanged. Otherwise
   `layer_cache` is None and each block runs under `remat_config`.
+  `image_blocks_BL`: each image's tokens attend to each other
+  (`maxtext.layers.vision.image_blocks`).
   """
   rotaries = {None: None}  # Built here, outside the layers' scans, once
   for layer in pattern:     # per key.
@@ -222,7 +229,7 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
       x_BLD, layer_cache, aux, _ = block(
           x_BLD, rotary_of(layer), window=layer.window, chunk=layer.chunk,
           segment_ids_BL=segment_ids_BL, positions_BL=positions_BL,
-          cache=layer_cache, inputs=inputs)
+          cache=layer_cache, inputs=inputs, image_blocks_BL=image_blocks_BL)
       if page_table_BN is not None:
         layer_cache = layer_cache.pages
       return axes.constrain(x_BLD, RESIDUAL), layer_cache, aux, None
@@ -233,7 +240,8 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
                               chunk=layer.chunk,
                               segment_ids_BL=segment_ids_BL,
                               positions_BL=positions_BL, inputs=inputs,
-                              store_kv=layer.stores_kv)
+                              store_kv=layer.stores_kv,
+                              image_blocks_BL=image_blocks_BL)
     return axes.constrain(x_BLD, RESIDUAL), aux, kv
 
   remat_block = _with_remat(call_block, cfg, remat_config)

@@ -32,6 +32,14 @@ layer kind without key and value projections) attend over those of the last
 earlier layer of their span, which `stores_kv` (`layer_stack.run_layers`);
 with a KV cache they read that layer's cache and have none of their own.
 
+Vision-language models (`cfg.vision.layers` > 0, Gemma 3 4b/12b/27b): a
+vision tower and a projector (`maxtext.layers.vision`: `vision` and
+`projector`) turn each row's images into soft tokens that replace the
+row's `image_token_id` placeholders, in order, after the token embedding;
+the tokens of one image attend to each other bidirectionally (an explicit
+mask for the kernel), the rest causally. `image_embeddings` is the tower
+and projector alone.
+
 How the model runs, apart from what it is (`maxtext.models.execution`:
 attention kernel, pipeline, remat), comes as `execution=`; it changes
 neither the parameters nor the outputs.
@@ -116,6 +124,7 @@ from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import linear
 from maxtext.layers import mla
 from maxtext.layers import moe
+from maxtext.layers import vision
 from maxtext.layers import vocab_parallel
 from maxtext.models import block as block_lib
 from maxtext.models import execution as execution_lib
@@ -162,6 +171,11 @@ class Decoder(nnx.Module):
         out_axes=(None, None), **dtypes) if width else None
     self.per_layer_norm = cfg.norm.rms_norm(
         width, axis_name=(None,), param_dtype=cfg.param_dtype) if width else None
+    towers = cfg.vision.layers > 0
+    self.vision = vision.VisionEncoder(
+        cfg.vision, scan_layers=cfg.scan_layers, **dtypes) if towers else None
+    self.projector = vision.PoolingProjector(
+        cfg.vision, embed_dim=cfg.embed_dim, **dtypes) if towers else None
     self.final_norm = block_lib.embed_norm(cfg)
     if cfg.tie_embeddings:
       self.head = None
@@ -218,6 +232,7 @@ class Decoder(nnx.Module):
       *,
       cache=None,
       page_table_BN: jax.Array | None = None,
+      images_Bvhwe: jax.Array | None = None,
   ):
     """Returns float32 logits [B, L, V] (and the cache when one is given).
 
@@ -232,9 +247,16 @@ class Decoder(nnx.Module):
       page_table_BN: With a paged cache (and only then), int32 [B, N]: row
         b's position t is in page `page_table_BN[b, t // page_size]` of
         every layer.
+      images_Bvhwe: With a vision tower, each row's images (preprocessed,
+        `maxtext.data.images`), [B, v, h, w, e]: their soft tokens replace
+        the row's `image_token_id` placeholders in order (v * u of them,
+        `image_embeddings`), and attend to the other tokens of their
+        image. With a cache, the images' placeholders must all be among
+        these tokens.
 
     Raises:
-      ValueError: a paged cache without a page table, or a table without.
+      ValueError: a paged cache without a page table, or a table without;
+        images for a model without a vision tower or under the pipeline.
     """
     kv_cache_lib.check_page_table(cache, page_table_BN)
     cfg = self.cfg
@@ -242,8 +264,12 @@ class Decoder(nnx.Module):
     if positions_BL is None:
       positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]),
                                       tokens_BL.shape)
-    x_BLD = axes.constrain(self.embedder(tokens_BL), block_lib.RESIDUAL)
+    x_BLD, image_blocks_BL = self._embed(tokens_BL, images_Bvhwe)
+    x_BLD = axes.constrain(x_BLD, block_lib.RESIDUAL)
     if self.execution.pipeline.stages > 1 and cache is None:
+      if images_Bvhwe is not None:
+        raise ValueError("Images are not supported under the pipeline "
+                         "(pipeline.stages > 1).")
       x_BLD = layer_stack.pipeline_blocks(cfg, self.execution,
                                           self._stacks(), x_BLD, positions_BL,
                                           segment_ids_BL, self.pattern)
@@ -252,7 +278,8 @@ class Decoder(nnx.Module):
                                          segment_ids_BL,
                                          cached=cache is not None,
                                          page_table_BN=page_table_BN,
-                                         remat_config=self.execution.remat)
+                                         remat_config=self.execution.remat,
+                                         image_blocks_BL=image_blocks_BL)
       x_BLD, cache, auxes = layer_stack.run_layers(
           cfg, self._stacks(), self.pattern, x_BLD, run_block, cache,
           self._per_layer_inputs(tokens_BL, x_BLD))
@@ -265,6 +292,28 @@ class Decoder(nnx.Module):
     if self.mtp is not None and sow:
       self._sow_mtp(tokens_BL, x_BLD, positions_BL, segment_ids_BL)
     return logits_BLV if cache is None else (logits_BLV, cache)
+
+  def _embed(self, tokens_BL: jax.Array, images_Bvhwe: jax.Array | None):
+    """(Embedded tokens [B, L, D] with the images' soft tokens placed, the
+    images' blocks [B, L] or None without images)."""
+    if images_Bvhwe is None:
+      return self.embedder(tokens_BL), None
+    if self.vision is None:
+      raise ValueError("images given to a model without a vision tower "
+                       "(vision_layers=0).")
+    is_image_BL = tokens_BL == self.cfg.vision.image_token_id
+    # A placeholder id may lie outside the vocabulary; it is replaced anyway.
+    x_BLD = self.embedder(jnp.where(is_image_BL, 0, tokens_BL))
+    x_BLD = vision.place_soft_tokens(x_BLD, is_image_BL,
+                                     self.image_embeddings(images_Bvhwe))
+    return x_BLD, vision.image_blocks(is_image_BL)
+
+  def image_embeddings(self, images_Bvhwe: jax.Array) -> jax.Array:
+    """Soft tokens [B, v * u, D] of each row's images, in order."""
+    batch, count = images_Bvhwe.shape[:2]
+    soft_vuD = self.projector(self.vision(
+        images_Bvhwe.reshape(batch * count, *images_Bvhwe.shape[2:])))
+    return soft_vuD.reshape(batch, -1, soft_vuD.shape[-1])
 
   def _per_layer_inputs(self, tokens_BL: jax.Array,
                         x_BLD: jax.Array) -> jax.Array | None:

@@ -6,16 +6,23 @@ post-norms around attention and MLP, GELU-tanh gates, five local (sliding
 window) layers per global layer, local rotary base 10k, global base 1M
 (linearly scaled by 8 in 4b/12b/27b), tied output head.
 
-This module maps Hugging Face's `Gemma3TextConfig` / `Gemma3ForCausalLM`
-checkpoints onto that model; the multimodal `Gemma3ForConditionalGeneration`
-releases (4b/12b/27b) load their text decoder (its `text_config`, see
-`registry.hf_text_config`). Export is always the text-only `Gemma3ForCausalLM`.
+The vision-language releases (4b/12b/27b, `Gemma3ForConditionalGeneration`)
+add a SigLIP tower and the pooling projector (`maxtext.layers.vision`:
+896 x 896 images, 14-pixel patches, 256 soft tokens per image at the
+`image_token_id` placeholders, attending to each other bidirectionally).
+
+This module maps Hugging Face's checkpoints onto that model both ways: a
+`Gemma3TextConfig` / `Gemma3ForCausalLM` is the text model, a `Gemma3Config`
+/ `Gemma3ForConditionalGeneration` the vision-language one (its text
+decoder under `model.language_model`); a model without a tower exports as
+`Gemma3ForCausalLM`, one with a tower as `Gemma3ForConditionalGeneration`.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from maxtext.common.model_config import ModelConfig
+from maxtext.layers import vision as vision_lib
 from maxtext.models import decoder
 from maxtext.models import hf_params
 
@@ -25,8 +32,19 @@ HF_PARAMS = hf_params.COMMON_PARAMS
 HF_BLOCK_PARAMS = (hf_params.COMMON_BLOCK_PARAMS + hf_params.QK_NORMS +
                    hf_params.SANDWICH_NORMS)
 
+# The tower and the projector of the vision-language model.
+HF_VISION_PARAMS = hf_params.SIGLIP_PARAMS + (
+    hf_params.ParamMap(("projector", "projection", "kernel"),
+                       "model.multi_modal_projector.mm_input_projection_weight"),
+    hf_params.ParamMap(("projector", "norm", "scale"),
+                       "model.multi_modal_projector.mm_soft_emb_norm.weight"),
+)
+HF_VISION_LAYER_PARAMS = hf_params.SIGLIP_LAYER_PARAMS
+
 HF_MODEL_TYPE = "gemma3_text"
 HF_ARCHITECTURE = "Gemma3ForCausalLM"
+HF_MULTIMODAL_MODEL_TYPE = "gemma3"
+HF_MULTIMODAL_ARCHITECTURE = "Gemma3ForConditionalGeneration"
 
 # The model fields this family fixes, whatever a checkpoint's config says:
 # the one statement of its architecture (configs/gemma3.py holds sizes).
@@ -49,6 +67,21 @@ _HF_DEFAULTS = {
 
 _ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
+# The chat template of the instruction-tuned releases
+# (`maxtext.data.chat_template.TEMPLATES`).
+CHAT_TEMPLATE = "gemma"
+
+
+def image_prompt_ids(vision: vision_lib.VisionConfig,
+                     encode: Callable[[str], list[int]]) -> list[int]:
+  """The ids one image becomes in a prompt, as `Gemma3Processor` expands
+  it: "\n\n", <start_of_image>, one placeholder per soft token,
+  <end_of_image>, "\n\n" (`encode`: the tokenizer's, no BOS)."""
+  newlines = encode("\n\n")
+  return (newlines + [vision.image_start_id] +
+          [vision.image_token_id] * vision.tokens_per_image +
+          [vision.image_end_id] + newlines)
+
 
 def _global_layer_interval(hf: Mapping[str, Any]) -> int:
   """Period of the local/global pattern; ValueError if it is not periodic."""
@@ -57,15 +90,79 @@ def _global_layer_interval(hf: Mapping[str, Any]) -> int:
   return hf_params.global_layer_interval(hf["layer_types"])
 
 
+# `SiglipVisionConfig` defaults and `Gemma3Config`'s own.
+_HF_VISION_DEFAULTS = {
+    "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+    "num_attention_heads": 12, "num_channels": 3, "image_size": 224,
+    "patch_size": 16, "hidden_act": "gelu_pytorch_tanh",
+    "layer_norm_eps": 1e-6,
+}
+_HF_MULTIMODAL_DEFAULTS = {"mm_tokens_per_image": 256,
+                           "image_token_index": 262_144,
+                           "boi_token_index": 255_999,
+                           "eoi_token_index": 256_000}
+_VISION_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh",
+                       "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
+
+
+def _vision_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
+  """`ModelConfig` vision fields of a `Gemma3Config` dict."""
+  hf = {**_HF_MULTIMODAL_DEFAULTS, **hf_config}
+  vision = {**_HF_VISION_DEFAULTS, **(hf.get("vision_config") or {})}
+  activation = vision["hidden_act"]
+  if activation not in _VISION_ACTIVATIONS or vision["num_channels"] != 3:
+    raise ValueError(
+        f"Unsupported Gemma 3 vision_config (hidden_act={activation!r}, "
+        f"num_channels={vision['num_channels']}); supported: hidden_act in "
+        f"{sorted(_VISION_ACTIVATIONS)}, num_channels 3.")
+  return dict(
+      vision_layers=vision["num_hidden_layers"],
+      vision_embed_dim=vision["hidden_size"],
+      vision_mlp_dim=vision["intermediate_size"],
+      vision_heads=vision["num_attention_heads"],
+      vision_patch_size=vision["patch_size"],
+      vision_image_size=vision["image_size"],
+      vision_norm_eps=vision["layer_norm_eps"],
+      vision_activation=_VISION_ACTIVATIONS[activation],
+      mm_tokens_per_image=hf["mm_tokens_per_image"],
+      image_token_id=hf.get("image_token_id", hf["image_token_index"]),
+      image_start_id=hf.get("boi_token_id", hf["boi_token_index"]),
+      image_end_id=hf.get("eoi_token_id", hf["eoi_token_index"]))
+
+
+# SigLIP's attention-pooling head, which a tower without
+# `vision_use_head=False` holds and Gemma 3 never runs.
+_POOLING_HEAD = tuple(
+    hf_params.SIGLIP_PREFIX + "head." + name for name in (
+        "probe", "attention.in_proj_weight", "attention.in_proj_bias",
+        "attention.out_proj.weight", "attention.out_proj.bias",
+        "layernorm.weight", "layernorm.bias", "mlp.fc1.weight",
+        "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias"))
+
+
+def hf_skipped_weights(cfg: ModelConfig) -> frozenset[str]:
+  """Names of weights a checkpoint may hold that the model does not use:
+  the vision tower's pooling head (transformers' Gemma 3 ignores it too)."""
+  return frozenset(_POOLING_HEAD if cfg.vision.layers else ())
+
+
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
-  """`ModelConfig` of a Hugging Face Gemma 3 text config.
+  """`ModelConfig` of a Hugging Face Gemma 3 config.
 
   Args:
     hf_config: `Gemma3TextConfig.to_dict()`, or a complete text-decoder
       `config.json` (legacy keys rope_theta, rope_local_base_freq,
       rope_scaling and sliding_window_pattern are understood); keys it
-      lacks take `Gemma3TextConfig`'s defaults.
+      lacks take `Gemma3TextConfig`'s defaults. A multimodal `Gemma3Config`
+      (with `text_config`) gives the vision-language model.
   """
+  if hf_config.get("text_config") is not None:
+    text = _text_model_config(hf_config["text_config"])
+    return text.replace(**_vision_fields(hf_config))
+  return _text_model_config(hf_config)
+
+
+def _text_model_config(hf_config: Mapping[str, Any]) -> ModelConfig:
   hf = {**_HF_DEFAULTS, **hf_config}
   activation = hf["hidden_activation"]
   if activation not in _ACTIVATIONS:
@@ -101,10 +198,44 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
-  """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`).
+  """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`):
+  a `Gemma3Config` when `cfg` has a vision tower.
 
   `rope_parameters` has one entry per layer type (transformers >= 5).
   """
+  text = _hf_text_config(cfg)
+  vision = cfg.vision
+  if not vision.layers:
+    return text
+  return {
+      "model_type": HF_MULTIMODAL_MODEL_TYPE,
+      "architectures": [HF_MULTIMODAL_ARCHITECTURE],
+      "text_config": {key: value for key, value in text.items()
+                      if key != "architectures"},
+      "vision_config": {
+          "model_type": "siglip_vision_model",
+          "hidden_size": vision.embed_dim,
+          "intermediate_size": vision.mlp_dim,
+          "num_hidden_layers": vision.layers,
+          "num_attention_heads": vision.num_heads,
+          "num_channels": 3,
+          "image_size": vision.image_size,
+          "patch_size": vision.patch_size,
+          "hidden_act": ("gelu_pytorch_tanh" if vision.activation ==
+                         "gelu_tanh" else vision.activation),
+          "layer_norm_eps": vision.norm_eps,
+          "vision_use_head": False,
+      },
+      "mm_tokens_per_image": vision.tokens_per_image,
+      "image_token_index": vision.image_token_id,
+      "boi_token_index": vision.image_start_id,
+      "eoi_token_index": vision.image_end_id,
+      "tie_word_embeddings": cfg.tie_embeddings,
+      "dtype": text.get("dtype"),
+  }
+
+
+def _hf_text_config(cfg: ModelConfig) -> dict[str, Any]:
   config = hf_params.decoder_hf_config(cfg, model_type=HF_MODEL_TYPE,
                                        architecture=HF_ARCHITECTURE)
   config["rope_parameters"] = {

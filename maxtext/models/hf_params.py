@@ -43,6 +43,9 @@ class ParamMap:
     swapped: Hugging Face stores our last two axes (after `halves` joins
       them) in the other order: per-expert torch `Linear` weights
       [experts, out, in] (Gemma 4's experts).
+    permuted: Hugging Face stores `ours.transpose(permuted)` (a torch
+      `Conv2d` weight [out, in, p, p] of our patch projection [p, p, in,
+      out]: (3, 2, 0, 1)).
   """
 
   path: tuple[str, ...]
@@ -52,6 +55,7 @@ class ParamMap:
   interleaved: bool = False
   halves: bool = False
   swapped: bool = False
+  permuted: tuple[int, ...] | None = None
 
   def to_ours(self, hf_array: np.ndarray, shape: Sequence[int],
               name: str | None = None) -> np.ndarray:
@@ -62,6 +66,8 @@ class ParamMap:
                        f"our parameter {'.'.join(self.path)} of shape "
                        f"{tuple(shape)} (expected Hugging Face shape "
                        f"{self.hf_shape(shape)}).")
+    if self.permuted:
+      return hf_array.transpose(np.argsort(self.permuted))
     if self.in_ndim:
       hf_array = hf_array.T
     if self.swapped:
@@ -73,6 +79,8 @@ class ParamMap:
   def hf_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
     """Hugging Face shape of our parameter of `shape`."""
     shape = tuple(shape)
+    if self.permuted:
+      return tuple(shape[axis] for axis in self.permuted)
     if self.in_ndim:
       return (math.prod(shape[self.in_ndim:]), math.prod(shape[:self.in_ndim]))
     if self.flatten:
@@ -83,6 +91,8 @@ class ParamMap:
 
   def to_hf(self, array: np.ndarray) -> np.ndarray:
     """Our array -> Hugging Face layout."""
+    if self.permuted:
+      return np.ascontiguousarray(array.transpose(self.permuted))
     if self.in_ndim:
       return array.reshape(math.prod(array.shape[:self.in_ndim]), -1).T
     if self.flatten:
@@ -345,3 +355,46 @@ def hf_query_pre_attn_scalar(cfg: ModelConfig) -> int | float:
   """`query_pre_attn_scalar` as Hugging Face configs store it (an int when whole)."""
   scalar = cfg.attention.query_pre_attn_scalar or cfg.attention.head_dim
   return int(scalar) if float(scalar).is_integer() else scalar
+
+
+# SigLIP vision tower (`maxtext.layers.vision.VisionEncoder` at `vision`) as
+# transformers' (>= 5) `SiglipVisionModel` inside a multimodal model (earlier
+# checkpoints' `vision_tower.vision_model.*` are renamed on load).
+SIGLIP_PREFIX = "model.vision_tower."
+SIGLIP_PARAMS = (
+    ParamMap(("vision", "patch_embedding", "kernel"),
+             SIGLIP_PREFIX + "embeddings.patch_embedding.weight",
+             permuted=(3, 2, 0, 1)),
+    ParamMap(("vision", "patch_embedding", "bias"),
+             SIGLIP_PREFIX + "embeddings.patch_embedding.bias"),
+    ParamMap(("vision", "position_embedding"),
+             SIGLIP_PREFIX + "embeddings.position_embedding.weight"),
+    ParamMap(("vision", "post_norm", "scale"),
+             SIGLIP_PREFIX + "post_layernorm.weight"),
+    ParamMap(("vision", "post_norm", "bias"),
+             SIGLIP_PREFIX + "post_layernorm.bias"),
+)
+
+
+def _siglip_layer(ours: tuple[str, ...], hf: str, **layout) -> ParamMap:
+  return ParamMap(ours, SIGLIP_PREFIX + "encoder.layers.{layer}." + hf,
+                  **layout)
+
+
+# Per encoder layer (paths inside a `vision.EncoderLayer`).
+SIGLIP_LAYER_PARAMS = tuple(
+    _siglip_layer((norm, field), f"{hf}.{hf_field}")
+    for norm, hf in (("pre_attention_norm", "layer_norm1"),
+                     ("pre_mlp_norm", "layer_norm2"))
+    for field, hf_field in (("scale", "weight"), ("bias", "bias"))) + tuple(
+        entry
+        for ours, hf, in_ndim in (("query", "self_attn.q_proj", 1),
+                                  ("key", "self_attn.k_proj", 1),
+                                  ("value", "self_attn.v_proj", 1),
+                                  ("output", "self_attn.out_proj", 2),
+                                  ("fc1", "mlp.fc1", 1),
+                                  ("fc2", "mlp.fc2", 1))
+        for entry in (_siglip_layer((ours, "kernel"), hf + ".weight",
+                                    in_ndim=in_ndim),
+                      _siglip_layer((ours, "bias"), hf + ".bias",
+                                    flatten=True)))

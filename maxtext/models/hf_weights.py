@@ -22,12 +22,18 @@ layer's `format`) is one Hugging Face tensor per expert of a parameter whose
 The loader takes numpy arrays of any floating dtype (float16, bfloat16,
 float32, float64) and casts them to each parameter's dtype; torch tensors are
 converted by the caller (`tensor.float().numpy()` for bfloat16, which numpy
-lacks). Multimodal checkpoints (Gemma 3 `*ForConditionalGeneration`) load
-their text decoder: names under `model.language_model.` (transformers >= 4.52)
-or `language_model.` (earlier: `language_model.model.*`,
-`language_model.lm_head.weight`) are renamed to the text-only names, a
-top-level `lm_head.weight` is kept (absent when tied), and the other weights
-(vision tower, projector) are skipped; their count is logged. So are the
+lacks). Multimodal checkpoints (`*ForConditionalGeneration`) load their text
+decoder: names under `model.language_model.` (transformers >= 4.52) or
+`language_model.` (earlier, and how transformers 5 saves them:
+`language_model.model.*`, `language_model.lm_head.weight`) are renamed to
+the text-only names and a top-level `lm_head.weight` is kept (absent when
+tied). A model with a vision tower (`model.vision`) also loads the tower and
+projector from the family's `HF_VISION_PARAMS` and, per encoder layer,
+`HF_VISION_LAYER_PARAMS` (names under `vision_tower.` or
+`multi_modal_projector.`, with or without `model.`, SigLIP's older
+`vision_model.` level dropped), and exports the whole checkpoint as
+transformers 5 saves it (`hf_name`); for a model without one the vision
+weights are skipped and their count is logged. So are the
 weights a family's `hf_skipped_weights(cfg)` names (checkpoint weights its
 reference implementation ignores too).
 """
@@ -83,6 +89,16 @@ def _entries(model: nnx.Module) -> Iterator[
       variable = _variable(block, entry.path)
       if variable is not None:
         yield entry, variable, layers
+  tower = getattr(model, "vision", None)
+  if tower is not None:
+    for entry in family.HF_VISION_PARAMS:
+      yield entry, _variable(model, entry.path), None
+    layers = range(model.cfg.vision.layers)
+    stacks = ([(tower.layers, layers)] if model.cfg.scan_layers
+              else list(zip(tower.layers, layers)))
+    for entry in family.HF_VISION_LAYER_PARAMS:
+      for stack, stack_layers in stacks:
+        yield entry, _variable(stack, entry.path), stack_layers
   for depth, module in enumerate(getattr(model, "mtp", None) or ()):
     for entry in family.HF_MTP_PARAMS:
       variable = _variable(module, entry.path)
@@ -117,38 +133,70 @@ _LANGUAGE_MODEL_PREFIXES = (
     ("model.language_model.", "model."),
     ("language_model.", ""),
 )
+# Prefixes of its vision weights -> those of transformers 5's modules (the
+# first two are those; the others are how checkpoints store them: before
+# 4.52, and SigLIP's `vision_model` wrapper before 5).
+_VISION_PREFIXES = (
+    ("model.vision_tower.vision_model.", "model.vision_tower."),
+    ("model.vision_tower.", "model.vision_tower."),
+    ("model.multi_modal_projector.", "model.multi_modal_projector."),
+    ("vision_tower.vision_model.", "model.vision_tower."),
+    ("vision_tower.", "model.vision_tower."),
+    ("multi_modal_projector.", "model.multi_modal_projector."),
+)
 
 
-def _text_decoder_names(names: Iterable[str]) -> dict[str, str]:
-  """{text-only name: name in the state dict}; a multimodal checkpoint loses
-  its vision weights. Only names are read, so a lazy state dict stays lazy.
+def _renamed(name: str, prefixes) -> str | None:
+  for prefix, replacement in prefixes:
+    if name.startswith(prefix):
+      return replacement + name[len(prefix):]
+  return None
+
+
+def _our_names(names: Iterable[str], vision: bool) -> dict[str, str]:
+  """{name our mapping uses: name in the state dict}: a multimodal
+  checkpoint's text decoder under text-only names; its vision weights
+  (under their current names) when the model has a `vision` tower, else
+  skipped. Only names are read, so a lazy state dict stays lazy.
 
   Raises:
-    ValueError: two names map to the same text-only name.
+    ValueError: two names map to the same name.
   """
   names = list(names)
-  renamed = {}
-  for name in names:
-    for prefix, replacement in _LANGUAGE_MODEL_PREFIXES:
-      if name.startswith(prefix):
-        renamed[name] = replacement + name[len(prefix):]
-        break
+  renamed = {name: new for name in names
+             if (new := _renamed(name, _LANGUAGE_MODEL_PREFIXES)) is not None}
   if not renamed:
     return {name: name for name in names}
-  # Multimodal: keep the language model and the output head only.
-  text = {}
+  if vision:
+    renamed.update({name: new for name in names if (
+        new := _renamed(name, _VISION_PREFIXES)) is not None})
+  ours = {}
   for name in names:
     if name not in renamed and name != "lm_head.weight":
       continue
-    text_name = renamed.get(name, name)
-    if text_name in text:
+    our_name = renamed.get(name, name)
+    if our_name in ours:
       raise ValueError(f"Hugging Face weights {name!r} and another weight "
-                       f"both map to {text_name!r}.")
-    text[text_name] = name
-  logging.info("Multimodal checkpoint: loading its text decoder (%d weights), "
-               "skipping %d other weights (vision tower, projector).",
-               len(text), len(names) - len(text))
-  return text
+                       f"both map to {our_name!r}.")
+    ours[our_name] = name
+  if len(ours) < len(names):
+    logging.info("Multimodal checkpoint: loading its text decoder (%d "
+                 "weights), skipping %d other weights (vision tower, "
+                 "projector).", len(ours), len(names) - len(ours))
+  return ours
+
+
+def hf_name(model: nnx.Module, name: str) -> str:
+  """The name of our mapping's `name` in the Hugging Face checkpoint of
+  `model`: a model with a vision tower is the multimodal one, stored as
+  transformers 5 saves it (`language_model.model.*`,
+  `language_model.lm_head.*`, `vision_tower.*`, `multi_modal_projector.*`)."""
+  if getattr(model, "vision", None) is None:
+    return name
+  for prefix in ("model.vision_tower.", "model.multi_modal_projector."):
+    if name.startswith(prefix):
+      return name[len("model."):]
+  return "language_model." + name
 
 
 def _float_array(name: str, value) -> np.ndarray:
@@ -182,7 +230,7 @@ def load_hf_weights(model: nnx.Module,
     ValueError: a weight has the wrong size, or the state dict has weights
       the model has no place for.
   """
-  names = _text_decoder_names(state_dict)
+  names = _our_names(state_dict, getattr(model, "vision", None) is not None)
   used = set()
 
   def fetch(entry, name, shape):
@@ -240,8 +288,9 @@ def iter_hf_weights(model: nnx.Module) -> Iterator[tuple[str, np.ndarray]]:
 
   def tensors(entry, name, array):
     if "{expert}" not in name:
-      return [(name, entry.to_hf(array))]
-    return [(name.format(expert=expert), entry.to_hf(expert_array))
+      return [(hf_name(model, name), entry.to_hf(array))]
+    return [(hf_name(model, name.format(expert=expert)),
+             entry.to_hf(expert_array))
             for expert, expert_array in enumerate(array)]
 
   for entry, variable, layers in _entries(model):

@@ -111,6 +111,16 @@ def hf_text_config(hf_config: dict) -> dict:
   return hf_config.get("text_config") or hf_config
 
 
+def model_config_from_hf(family: str, hf_config: dict) -> ModelConfig:
+  """`ModelConfig` of a Hugging Face `config.json` of `family`: the
+  vision-language model where the family has one (`HF_VISION_PARAMS`),
+  else the text decoder (`hf_text_config`)."""
+  module = family_module(family)
+  if hasattr(module, "HF_VISION_PARAMS"):
+    return module.model_config_from_hf(hf_config)
+  return module.model_config_from_hf(hf_text_config(hf_config))
+
+
 def family_module(family: str) -> types.ModuleType:
   """Returns the module of `family`; ValueError naming the valid families."""
   if family not in FAMILIES:

@@ -1,0 +1,165 @@
+"""Images for vision-language models: reading and preprocessing with Pillow.
+
+`preprocess(image, settings)` computes what transformers' image processors
+with their PIL backend compute for one image (Gemma 3's
+`Gemma3ImageProcessorPil` with pan-and-scan off, SigLIP's): convert to RGB
+(Pillow's `convert("RGB")`: grayscale replicated, alpha dropped), resize to
+the model's square with the configured filter (bilinear), rescale by 1/255
+(in float64, then float32) and normalize per channel:
+float32 [h, w, 3], channels last as the vision tower takes them
+(`maxtext.layers.vision`).
+
+`ImageSettings` holds the settings: those of a model's tower
+(`ImageSettings.for_model`), updated from a checkpoint's
+`preprocessor_config.json` (`from_hf`), which conversion carries both ways.
+
+`load(source)` opens a file path or encoded bytes and decodes it fully, so
+a missing, truncated or non-image file fails here, as an `ImageError`
+naming it, not later in a batch.
+"""
+
+import dataclasses
+import io
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from maxtext.common import json_file
+from maxtext.layers import vision
+
+# transformers' image preprocessing settings, kept in a checkpoint folder.
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+
+# transformers' `PILImageResampling` values (Pillow's filter numbers).
+RESAMPLE_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic",
+                    4: "box", 5: "hamming"}
+
+
+class ImageError(ValueError):
+  """An image cannot be read; the message names its source."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSettings:
+  """How images are preprocessed (transformers' `preprocessor_config.json`
+  keys in brackets).
+
+  Attributes:
+    height: Output rows (size.height).
+    width: Output columns (size.width).
+    resample: Pillow resampling filter number, a key of `RESAMPLE_FILTERS`
+      (resample).
+    rescale_factor: Multiplies the 0..255 pixel values (rescale_factor).
+    mean: Per-channel mean subtracted after rescaling (image_mean).
+    std: Per-channel divisor after that (image_std).
+  """
+
+  height: int = 896
+  width: int = 896
+  resample: int = 2
+  rescale_factor: float = 1 / 255
+  mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+  std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+  def __post_init__(self):
+    for name in ("height", "width"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"Image {name}={value!r} must be a positive integer.")
+    if self.resample not in RESAMPLE_FILTERS:
+      raise ValueError(f"Image resample={self.resample!r} is invalid; valid: "
+                       f"{RESAMPLE_FILTERS}.")
+    if len(self.mean) != 3 or len(self.std) != 3 or not all(
+        s > 0 for s in self.std):
+      raise ValueError(f"Image mean={self.mean} and std={self.std} need 3 "
+                       "values each, std positive.")
+
+  @classmethod
+  def for_model(cls, cfg: vision.VisionConfig) -> "ImageSettings":
+    """The defaults at the size `cfg`'s tower takes."""
+    return cls(height=cfg.image_size, width=cfg.image_size)
+
+  def from_hf(self, config: Mapping[str, Any]) -> "ImageSettings":
+    """These settings updated from a `preprocessor_config.json` dict.
+
+    Raises:
+      ValueError: it asks for a step we do not implement (pan and scan,
+        no resize, no RGB conversion) or holds invalid values.
+    """
+    unsupported = {key: config.get(key) for key, ok in (
+        ("do_pan_and_scan", (None, False)), ("do_resize", (None, True)),
+        ("do_rescale", (None, True)), ("do_normalize", (None, True)),
+        ("do_convert_rgb", (None, True))) if config.get(key) not in ok}
+    if unsupported:
+      raise ValueError(f"preprocessor_config.json asks for {unsupported}; "
+                       "supported: pan and scan off, resize, rescale, "
+                       "normalize and RGB conversion on.")
+    size = config.get("size") or {}
+    mean, std = config.get("image_mean", self.mean), config.get(
+        "image_std", self.std)
+    return dataclasses.replace(
+        self, height=size.get("height", self.height),
+        width=size.get("width", self.width),
+        resample=config.get("resample", self.resample),
+        rescale_factor=config.get("rescale_factor", self.rescale_factor),
+        mean=tuple(float(m) for m in mean), std=tuple(float(s) for s in std))
+
+
+def model_settings(cfg: vision.VisionConfig, folder: str) -> ImageSettings:
+  """The settings of a model with tower `cfg` whose checkpoint is `folder`:
+  its `preprocessor_config.json` where it has one, else the defaults.
+
+  Raises:
+    ValueError: the file is unreadable or asks for what we do not do.
+  """
+  settings = ImageSettings.for_model(cfg)
+  path = os.path.join(folder, PREPROCESSOR_CONFIG)
+  if not os.path.isfile(path):
+    return settings
+  try:
+    return settings.from_hf(json_file.read_object(path))
+  except (json_file.JsonFileError, ValueError) as error:
+    raise ValueError(f"{path}: {error}") from error
+
+
+def load(source: str | bytes, *, name: str | None = None) -> Image.Image:
+  """The decoded image at path `source` or of encoded bytes `source`.
+
+  Args:
+    source: A file path, or the bytes of an encoded image (PNG, JPEG, ...).
+    name: How errors call it (default: the path, or "image bytes").
+
+  Raises:
+    ImageError: the file is missing or unreadable, or the data is not a
+      complete image.
+  """
+  if isinstance(source, (bytes, bytearray)):
+    name = name or f"image bytes ({len(source)} bytes)"
+    stream = io.BytesIO(source)
+  else:
+    name = name or str(source)
+    if not os.path.isfile(source):
+      raise ImageError(f"Image {name} does not exist.")
+    stream = source
+  try:
+    with Image.open(stream) as image:
+      image.load()  # Decodes it all: a truncated file fails here.
+      return image.copy()
+  except (OSError, ValueError, Image.DecompressionBombError) as error:
+    raise ImageError(f"Image {name} cannot be read: {error}") from error
+
+
+def preprocess(image: Image.Image, settings: ImageSettings) -> np.ndarray:
+  """float32 [height, width, 3] pixel values of `image` (module docstring)."""
+  if image.mode != "RGB":
+    image = image.convert("RGB")
+  resized = image.resize((settings.width, settings.height),
+                         resample=settings.resample)
+  pixels = (np.asarray(resized).astype(np.float64) *
+            settings.rescale_factor).astype(np.float32)
+  mean = np.asarray(settings.mean, np.float32)
+  std = np.asarray(settings.std, np.float32)
+  return (pixels - mean) / std
