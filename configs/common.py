@@ -332,6 +332,11 @@ def base_config() -> ml_collections.ConfigDict:
   # packing, documents not cut) or 'none' (one document per row, truncated).
   # Each document is its own segment: attention never crosses documents.
   config.data.packing = "concat"
+  # Vision-language models: image slots per row (0: text only; the chat
+  # records' image parts fill them in order; packing "first_fit" or
+  # "none"), and the folder relative image paths are in.
+  config.data.images_per_row = 0
+  config.data.image_dir = ""
   # Sized with train.batch_size so that the default small models train on a
   # 2-core CPU in a few minutes; real runs override both.
   config.data.seq_len = 128

@@ -109,7 +109,11 @@ def posttrain_config(method: str) -> ml_collections.ConfigDict:
 
 def sft_defaults() -> ml_collections.ConfigDict:
   """The `sft` section: prompt/completion columns instead of messages."""
-  return ml_collections.ConfigDict(dict(prompt_field="", completion_field=""))
+  return ml_collections.ConfigDict(dict(
+      prompt_field="", completion_field="",
+      # A vision-language model's tower trains too (full mode); False:
+      # frozen, its projector trains.
+      train_vision=False))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

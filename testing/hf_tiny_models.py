@@ -170,19 +170,21 @@ GEMMA3_VLM_IDS = dict(image_token_index=99, boi_token_index=93,
                       eoi_token_index=94)
 
 
-def tiny_gemma3_vlm(seed: int = 0
+def tiny_gemma3_vlm(seed: int = 0, *, vocab_size: int = 96,
+                    ids: dict[str, int] | None = None
                     ) -> transformers.Gemma3ForConditionalGeneration:
-  """The tiny Gemma 3 vision-language model with random parameters."""
+  """The tiny Gemma 3 vision-language model with random parameters (of
+  `vocab_size` text ids, its image ids `ids`, default `GEMMA3_VLM_IDS`)."""
   config = transformers.Gemma3Config(
       text_config=dict(
-          vocab_size=96, hidden_size=64, intermediate_size=96,
+          vocab_size=vocab_size, hidden_size=64, intermediate_size=96,
           num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
           head_dim=16, sliding_window=3, max_position_embeddings=128,
           rope_theta=10_000.0, rope_local_base_freq=10_000.0),
       vision_config=dict(hidden_size=32, intermediate_size=48,
                          num_hidden_layers=2, num_attention_heads=4,
                          image_size=28, patch_size=7, vision_use_head=False),
-      mm_tokens_per_image=4, **GEMMA3_VLM_IDS)
+      mm_tokens_per_image=4, **(ids or GEMMA3_VLM_IDS))
   config.text_config._attn_implementation = "eager"  # pylint: disable=protected-access
   torch.manual_seed(seed)
   model = transformers.Gemma3ForConditionalGeneration(config).float().eval()

@@ -25,7 +25,9 @@ from maxtext.aot import compile_sft
 from maxtext.aot import compile_step
 from maxtext.aot import compile_tunix
 from maxtext.aot import topology
+from maxtext.data import caption_task
 from maxtext.data import pipeline
+from maxtext.metrics import flops
 from maxtext.posttrain import base_model
 from maxtext.posttrain import posttrain_testing as pt
 from maxtext.posttrain import runtime as runtime_lib
@@ -53,8 +55,30 @@ class CompileSftTest(parameterized.TestCase):
 
   @parameterized.parameters(dict(mode="full"), dict(mode="lora", rank=4))
   def test_cpu_step_equals_tunix_jitted_step(self, **lora):
+    self._assert_step_equals_tunix(self._config(**lora))
+
+  def test_vision_language_step_equals_tunix_jitted_step(self):
+    """A tiny Gemma 3 with its tower (frozen) on caption records."""
+    folder = self.create_tempdir().full_path
+    captions = os.path.join(folder, "captions")
+    config = pt.sft_test_config(
+        folder, pt.write_checkpoint(folder, "gemma3_vlm"), steps=2,
+        train_file=caption_task.write(captions, 16))
+    config.sft.update(prompt_field="", completion_field="")
+    config.data.update(text_field="messages", packing="first_fit",
+                       images_per_row=2, image_dir=captions, seq_len=32)
+    config.mesh.ici.update(data=2, fsdp=-1)
+    compiled = self._assert_step_equals_tunix(
+        PosttrainConfig.from_config_dict(config))
+    report = compile_tunix.analyse(compiled)
+    # Our FLOPs count the tower's forward pass on the 8 x 2 image slots.
+    tower = 16 * flops.vision_flops_per_image(compiled.model_cfg,
+                                              trained=False)
+    text = flops.training_flops_per_token(compiled.model_cfg, 32) * 8 * 32
+    self.assertAlmostEqual(report.model_flops * 8, text + tower, delta=1.0)
+
+  def _assert_step_equals_tunix(self, config):
     devices.require_devices(8)
-    config = self._config(**lora)
     hardware = topology.hardware_for("cpu:8")
     compiled = compile_sft.compile_sft_step(config, hardware)
 
@@ -65,12 +89,13 @@ class CompileSftTest(parameterized.TestCase):
                                    seed=config.train.seed,
                                    rules=runtime.rules)
     batches = pipeline.make_train_pipeline(
-        data, batch_size=config.train.rows, vocab_size=loaded.cfg.vocab_size)
-    batch = next(sft.model_batches(batches))
+        data, batch_size=config.train.rows, vocab_size=loaded.cfg.vocab_size,
+        image_inputs=sft.image_inputs(loaded, data))
+    batch = next(sft.model_batches(batches, pipeline.model_keys(data)))
     batches.close()
     with runtime.activate():
       trainer = peft_trainer.PeftTrainer(
-          loaded.model, runtime_lib.make_optimizer(config),
+          loaded.model, sft.make_optimizer(config, loaded.cfg),
           runtime_lib.training_config(config, workdir, runtime,
                                       data.seq_len))
       trainer.with_loss_fn(sft.sft_loss)
@@ -88,6 +113,7 @@ class CompileSftTest(parameterized.TestCase):
     jax.tree.map(np.testing.assert_array_equal,
                  nnx.to_pure_dict(nnx.state(model, nnx.Param)),
                  nnx.to_pure_dict(nnx.state(trainer.model, nnx.Param)))
+    return compiled
 
   def test_tpu_slice_compiles_on_this_host(self):
     config = self._config()

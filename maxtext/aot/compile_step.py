@@ -277,13 +277,15 @@ def analyse(step: CompiledStep, experiment: ExperimentConfig) -> StepReport:
 
 
 def report(step: CompiledStep, model: ModelConfig, rows: int, seq_len: int,
-           costs: dict[str, float], cost_source: str) -> StepReport:
+           costs: dict[str, float], cost_source: str, *,
+           extra_flops: float = 0.0) -> StepReport:
   """The `StepReport` of `step`, which trains `model` on `rows` sequences
-  of `seq_len` tokens per step, with XLA's `costs` (see `xla_costs`)."""
+  of `seq_len` tokens per step (and `extra_flops` more per step: a vision
+  tower's images), with XLA's `costs` (see `xla_costs`)."""
   memory = step.compiled.memory_analysis()
   hardware = step.hardware
   model_flops = (flops.training_flops_per_token(model, seq_len) * rows *
-                 seq_len / step.mesh.size)
+                 seq_len + extra_flops) / step.mesh.size
   step_time, time_source = None, "n/a (no peak FLOP/s or bandwidth known)"
   if not costs["flops"] and not costs["bytes accessed"]:
     # Compile-only GPUs: XLA gives no cost analysis.

@@ -61,6 +61,8 @@ class CompiledTunixStep:
     seq_len: Tokens per sequence.
     batch: The abstract batch it was lowered with (shapes, dtypes and
       shardings).
+    image_flops: FLOPs of the step's images in the vision tower (0
+      without), which our per-token count leaves out.
   """
 
   step: compile_step.CompiledStep
@@ -70,6 +72,7 @@ class CompiledTunixStep:
   rows: int
   seq_len: int
   batch: Any
+  image_flops: float = 0.0
 
   def merge(self, state: nnx.State
             ) -> tuple[adapter.TunixModel, nnx.Optimizer]:
@@ -88,9 +91,9 @@ class CompiledTunixStep:
 
 def checkpoint_model_config(load: str) -> ModelConfig:
   """The model of checkpoint `load` as `base_model.load_model` builds it
-  (unscanned); reads the checkpoint's config only."""
-  checkpoint_cfg, _ = params_checkpoint.load_params(load, lazy=True)
-  return checkpoint_cfg.replace(scan_layers=False)
+  (unscanned); reads the checkpoint's config only (a converted checkpoint
+  may be its `model_config.json` alone)."""
+  return params_checkpoint.load_model_config(load).replace(scan_layers=False)
 
 
 def _abstract_model(cfg: ModelConfig, lora: lora_lib.LoraConfig, seed: int,
@@ -123,15 +126,21 @@ def _abstract_model(cfg: ModelConfig, lora: lora_lib.LoraConfig, seed: int,
 
 def _placed(tree, mesh: jax.sharding.Mesh):
   """`tree` (an abstract nnx object) with each array laid out by its
-  partition spec (from the variables' `out_sharding` metadata)."""
+  partition spec (from the variables' `out_sharding` metadata); the empty
+  optimizer state of frozen parameters (`optax.MaskedNode`) stays."""
   graphdef, state = nnx.split(tree)
   specs = nnx.get_partition_spec(state)
-  state = jax.tree.map(
-      lambda x, spec: jax.ShapeDtypeStruct(
-          x.shape, x.dtype,
-          sharding=jax.sharding.NamedSharding(mesh, spec or
-                                              jax.sharding.PartitionSpec())),
-      state, specs)
+
+  def place(x, spec):
+    if isinstance(x, optax.MaskedNode):
+      return x
+    return jax.ShapeDtypeStruct(
+        x.shape, x.dtype,
+        sharding=jax.sharding.NamedSharding(mesh, spec or
+                                            jax.sharding.PartitionSpec()))
+
+  state = jax.tree.map(place, state, specs,
+                       is_leaf=lambda x: isinstance(x, optax.MaskedNode))
   return nnx.merge(graphdef, state)
 
 
@@ -170,7 +179,9 @@ def compile_tunix_step(
     runtime: runtime_lib.Runtime, *, model_cfg: ModelConfig,
     model_cls: type[adapter.TunixModel], loss_fn: Callable[..., Any],
     has_aux: bool, gen_model_input_fn: Callable[[Any], dict[str, Any]],
-    batch: Any, rows: int, seq_len: int) -> CompiledTunixStep:
+    batch: Any, rows: int, seq_len: int,
+    tx: optax.GradientTransformation | None = None,
+    image_flops: float = 0.0) -> CompiledTunixStep:
   """Lowers and compiles Tunix's train step (see the module docstring).
 
   Args:
@@ -190,11 +201,14 @@ def compile_tunix_step(
     seq_len: Tokens per sequence: the trainer's `data_sharding_axis` is
       `runtime.data_axes(train.rows, seq_len)`, as in
       `runtime.training_config`.
+    tx: The trainer's optimizer (before accumulation); None:
+      `runtime.make_optimizer(config)`.
+    image_flops: FLOPs of the batch's images in the vision tower.
 
   Raises:
     compile_step.DoesNotFitError: the TPU compiler ran out of HBM.
   """
-  tx = runtime_lib.make_optimizer(config)
+  tx = tx or runtime_lib.make_optimizer(config)
   if config.train.microbatches > 1:
     tx = optax.MultiSteps(tx, config.train.microbatches)
   model, optimizer = _placed(
@@ -217,7 +231,8 @@ def compile_tunix_step(
       compile_time_s=time.perf_counter() - start)
   return CompiledTunixStep(step=step, nnx_compiled=nnx_compiled,
                            abstract=(model, optimizer), model_cfg=model_cfg,
-                           rows=rows, seq_len=seq_len, batch=batch)
+                           rows=rows, seq_len=seq_len, batch=batch,
+                           image_flops=image_flops)
 
 
 def analyse(tunix_step: CompiledTunixStep) -> compile_step.StepReport:
@@ -227,4 +242,5 @@ def analyse(tunix_step: CompiledTunixStep) -> compile_step.StepReport:
   """
   return compile_step.report(
       tunix_step.step, tunix_step.model_cfg, tunix_step.rows,
-      tunix_step.seq_len, *compile_step.xla_costs_of(tunix_step.step.compiled))
+      tunix_step.seq_len, *compile_step.xla_costs_of(tunix_step.step.compiled),
+      extra_flops=tunix_step.image_flops)

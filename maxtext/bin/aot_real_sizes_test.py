@@ -8,12 +8,16 @@ the test log; the same commands are in `docs/aot_compile.md`.
 Needs libtpu (a dependency; no TPU).
 """
 
+import json
 import os
 import subprocess
 
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from configs import gemma3 as gemma3_config
+from maxtext.checkpoint import params_checkpoint
+from maxtext.common.model_config import ModelConfig
 from testing import train_process
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -46,21 +50,37 @@ CASES = (
 
 class AotRealSizesTest(parameterized.TestCase):
 
-  @parameterized.parameters(*CASES)
-  def test_compiles_and_fits(self, config, topology, overrides):
+  def _compile(self, config, topology, overrides, step="Train step"):
     env = train_process.child_env(1)
     env.pop("JAX_NUM_CPU_DEVICES")  # The binary makes the target's devices.
     argv = train_process.module_argv("maxtext.bin.aot_compile") + [
         f"--config={os.path.join(_ROOT, 'configs', config)}",
         f"--topology={topology}", "--config.mesh.ici.data=1",
-        "--config.mesh.ici.fsdp=-1", "--config.data.source=synthetic",
-        *overrides]
+        "--config.mesh.ici.fsdp=-1", *overrides]
     result = subprocess.run(argv, env=env, cwd=_ROOT, capture_output=True,
                             text=True, timeout=_TIMEOUT_S, check=False)
     print(f"== {config} on {topology}\n{result.stdout}")
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-    self.assertIn(f"Train step on {topology}:", result.stdout)
+    self.assertIn(f"{step} on {topology}:", result.stdout)
     self.assertRegex(result.stdout, r"fits: \d+\.\d% of v5p HBM\.")
+
+  @parameterized.parameters(*CASES)
+  def test_compiles_and_fits(self, config, topology, overrides):
+    self._compile(config, topology,
+                  ("--config.data.source=synthetic", *overrides))
+
+  def test_gemma3_4b_with_its_tower_sft_step(self):
+    """Gemma 3 4B with its SigLIP tower (frozen): the sft step on 8 rows of
+    512 tokens and one 896 x 896 image each, full remat, v5p-8. Compiling
+    needs the checkpoint's model config only."""
+    load = self.create_tempdir().full_path
+    with open(os.path.join(load, params_checkpoint.MODEL_CONFIG_FILENAME),
+              "w", encoding="utf-8") as f:
+      json.dump(ModelConfig.from_dict(
+          gemma3_config.get_config("4b_vlm").model).to_dict(), f)
+    self._compile("sft_vlm.py:gemma3", "v5p-8", (
+        f"--config.train.load={load}", "--config.data.files=unread.jsonl",
+        _FULL), step="Sft step (Tunix PeftTrainer)")
 
 
 if __name__ == "__main__":

@@ -347,6 +347,20 @@ def tokenizer_path(checkpoint: str) -> str | None:
   return (data.get("tokenizer") or None) if isinstance(data, dict) else None
 
 
+def load_model_config(path: str) -> ModelConfig:
+  """The `ModelConfig` of any checkpoint `load_params` reads, without its
+  parameters: a converted checkpoint's `model_config.json` alone (what
+  compiling ahead of time for a checkpoint needs; `aot_compile`).
+
+  Raises:
+    ParamsCheckpointError: `path` is no checkpoint, or cannot be read.
+  """
+  config_path = os.path.join(os.path.abspath(path), MODEL_CONFIG_FILENAME)
+  if os.path.exists(config_path):
+    return _model_config(_read_json(config_path), config_path)
+  return load_params(path, lazy=True)[0]
+
+
 def load_params(path: str, *, lazy: bool = False
                 ) -> tuple[ModelConfig, dict[str, Any]]:
   """(ModelConfig, params) of a converted checkpoint, a training checkpoint

@@ -355,8 +355,9 @@ class ChatEncoder:
       marked = [(_CONTENT_MARKS.sub("", text), is_assistant)
                 for text, is_assistant in marked]
     if not self.image_ids and any(_IMAGE in text for text, _ in marked):
-      raise ChatTemplateError("the conversation has an image part, and this "
-                              "model takes no images (no vision tower)")
+      raise ChatTemplateError(
+          "the conversation has an image part, and images are off "
+          "(data.images_per_row=0, or a model without a vision tower)")
     ids, weights, in_content = [], [], False
     for text, is_assistant in marked:
       piece, markup = [], ""

@@ -208,7 +208,7 @@ class ImagePartsTest(absltest.TestCase):
     text_only = chat_template.ChatEncoder(chat_template.TEMPLATES["gemma"],
                                           self.tok)
     with self.assertRaisesRegex(chat_template.ChatTemplateError,
-                                "no vision tower"):
+                                "images are off"):
       text_only.encode(self.messages)
     with self.assertRaisesRegex(chat_template.ChatTemplateError,
                                 "message 0 has a part"):

@@ -67,6 +67,8 @@ class DataConfig:
   add_eos: bool
   chat_template: str = paths.field(chat_lib.user_template)
   packing: str
+  images_per_row: int = 0
+  image_dir: str = paths.field(default="")
   seq_len: int
   shuffle_seed: int
   num_workers: int
@@ -84,7 +86,8 @@ class DataConfig:
           f"data.source={self.source!r} is invalid; valid sources: {SOURCES}.")
     for name in ("seq_len", "max_document_bytes"):
       sections.check_int(f"data.{name}", getattr(self, name), minimum=1)
-    for name in ("num_workers", "prefetch", "eval_every_steps"):
+    for name in ("num_workers", "prefetch", "eval_every_steps",
+                 "images_per_row"):
       sections.check_int(f"data.{name}", getattr(self, name), minimum=0)
     sections.check_int("data.eval_steps", self.eval_steps, minimum=1)
     if not 0 <= self.shuffle_seed < 2**32:
@@ -93,6 +96,15 @@ class DataConfig:
     if self.packing not in packing_lib.PACKINGS:
       raise ValueError(f"data.packing={self.packing!r} is invalid; valid:"
                        f" {packing_lib.PACKINGS}.")
+    if self.images_per_row and self.packing == "concat":
+      raise ValueError(
+          f"data.packing='concat' cuts documents at row boundaries, which "
+          f"would split images; with data.images_per_row="
+          f"{self.images_per_row} use 'first_fit' or 'none'.")
+    if self.images_per_row and not self.chat_template:
+      raise ValueError(
+          f"data.images_per_row={self.images_per_row} needs chat records "
+          "(data.chat_template): their image parts are the images.")
     if self.text_unit not in sources_lib.TEXT_UNITS:
       raise ValueError(f"data.text_unit={self.text_unit!r} is invalid; valid:"
                        f" {sources_lib.TEXT_UNITS}.")

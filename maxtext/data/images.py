@@ -16,12 +16,21 @@ float32 [h, w, 3], channels last as the vision tower takes them
 `load(source)` opens a file path or encoded bytes and decodes it fully, so
 a missing, truncated or non-image file fails here, as an `ImageError`
 naming it, not later in a batch.
+
+The input pipeline (`maxtext.data.records`) reads the image parts of chat
+records with an `ImageReader`: a part's "path" (absolute, or relative to
+`data.image_dir`), or its encoded bytes ("image" or "bytes": bytes, or a
+base64 string in JSON), preprocessed to [v, h, w, 3]. `ImageInputs` is
+what a vision-language model gives the pipeline: its settings and the ids
+one image becomes in a prompt.
 """
 
+import base64
+import binascii
+from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import io
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -125,7 +134,7 @@ def model_settings(cfg: vision.VisionConfig, folder: str) -> ImageSettings:
     raise ValueError(f"{path}: {error}") from error
 
 
-def load(source: str | bytes, *, name: str | None = None) -> Image.Image:
+def load(source: str | bytes, name: str | None = None) -> Image.Image:
   """The decoded image at path `source` or of encoded bytes `source`.
 
   Args:
@@ -163,3 +172,70 @@ def preprocess(image: Image.Image, settings: ImageSettings) -> np.ndarray:
   mean = np.asarray(settings.mean, np.float32)
   std = np.asarray(settings.std, np.float32)
   return (pixels - mean) / std
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageInputs:
+  """What the pipeline needs from a vision-language model.
+
+  Attributes:
+    settings: Its preprocessing (`model_settings`).
+    prompt_ids: encode -> the ids one image part becomes (the family's
+      `image_prompt_ids` bound to its vision config).
+  """
+
+  settings: ImageSettings
+  prompt_ids: Callable[[Callable[[str], list[int]]], list[int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageReader:
+  """Reads a record's image parts (picklable into grain workers).
+
+  Attributes:
+    settings: Preprocessing.
+    image_dir: Where relative paths are ("" : they are refused).
+    per_row: Most images of one document (`data.images_per_row`).
+  """
+
+  settings: ImageSettings
+  image_dir: str
+  per_row: int
+
+  def read(self, parts: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """float32 [len(parts), h, w, 3] of the parts, in order.
+
+    Raises:
+      ImageError: an image cannot be read (names it).
+      ValueError: there are more than `per_row`.
+    """
+    if len(parts) > self.per_row:
+      raise ValueError(f"{len(parts)} images, more than data.images_per_row="
+                       f"{self.per_row}")
+    pixels = [preprocess(load(*self._source(part)), self.settings)
+              for part in parts]
+    if not pixels:
+      return np.zeros((0, self.settings.height, self.settings.width, 3),
+                      np.float32)
+    return np.stack(pixels)
+
+  def _source(self, part: Mapping[str, Any]) -> tuple[str | bytes, str]:
+    """(path or bytes, how errors name it) of an image part."""
+    if isinstance(part.get("path"), str):
+      path = part["path"]
+      if not os.path.isabs(path):
+        if not self.image_dir:
+          raise ImageError(f"Image path {path!r} is relative; set "
+                           "data.image_dir to the folder it is in.")
+        path = os.path.join(self.image_dir, path)
+      return path, path
+    data = part.get("image", part.get("bytes"))
+    if isinstance(data, str):
+      try:
+        data = base64.b64decode(data, validate=True)
+      except binascii.Error as error:
+        raise ImageError(f"Image part's string is not base64: {error}") from None
+    if not isinstance(data, (bytes, bytearray)):
+      raise ImageError(f"Image part {str(dict(part))[:80]!r} has no 'path' "
+                       "string and no 'image'/'bytes' data.")
+    return bytes(data), f"image bytes ({len(data)} bytes)"

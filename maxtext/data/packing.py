@@ -12,6 +12,12 @@ Documents ({"tokens", "weights", "record_ids"} of their own length n, see
     one (so each of their tokens is still predicted once); rows are padded.
   * "none": one document per row, truncated to R tokens and padded.
 
+Documents with images (a vision-language model: "images" [v, h, w, 3]) fill
+a row's `images_per_row` image slots in the order of their tokens (grain's
+packers place them along with the tokens; unused slots are zeros). They are
+never cut: "concat" is refused, and a document with images is never longer
+than a row (`maxtext.data.records`).
+
 Each token of a row has a segment id (1, 2, ... per document piece in the
 row; 0 on padding) and a position (0, 1, ... from the start of its segment).
 A row becomes one example (`to_example`): inputs = row[:-1],
@@ -29,6 +35,8 @@ import numpy as np
 
 PACKINGS = ("concat", "first_fit", "none")
 FEATURES = ("tokens", "weights", "record_ids")
+# A vision-language model's documents' images, [v, h, w, 3].
+IMAGES = "images"
 # What packing adds for the token feature.
 SEGMENT_IDS = "tokens_segment_ids"
 POSITIONS = "tokens_positions"
@@ -53,8 +61,8 @@ class _SplitLong(grain.experimental.FlatMapTransform):
             for start in range(0, n - 1, step)]
 
 
-def _pad_row(document: dict[str, np.ndarray],
-             row_len: int) -> dict[str, np.ndarray]:
+def _pad_row(document: dict[str, np.ndarray], row_len: int,
+             images_per_row: int) -> dict[str, np.ndarray]:
   """One document as a row: truncated to `row_len`, padded with zeros."""
   n = min(len(document["tokens"]), row_len)
   row = {}
@@ -62,6 +70,10 @@ def _pad_row(document: dict[str, np.ndarray],
     value = np.zeros((row_len,), document[key].dtype)
     value[:n] = document[key][:n]
     row[key] = value
+  if images_per_row:
+    images = document[IMAGES]
+    row[IMAGES] = np.zeros((images_per_row, *images.shape[1:]), images.dtype)
+    row[IMAGES][:len(images)] = images
   row[SEGMENT_IDS] = (np.arange(row_len) < n).astype(np.int32)
   row[POSITIONS] = np.where(row[SEGMENT_IDS] > 0, np.arange(row_len),
                             0).astype(np.int32)
@@ -69,7 +81,8 @@ def _pad_row(document: dict[str, np.ndarray],
 
 
 def pack(documents: grain.IterDataset, *, packing: str, seq_len: int,
-         num_bins: int, max_document_tokens: int) -> grain.IterDataset:
+         num_bins: int, max_document_tokens: int,
+         images_per_row: int = 0) -> grain.IterDataset:
   """Rows of `seq_len + 1` tokens from `documents` (see the module doc).
 
   Args:
@@ -79,16 +92,25 @@ def pack(documents: grain.IterDataset, *, packing: str, seq_len: int,
     num_bins: Rows packed at once by "first_fit".
     max_document_tokens: Bound on a document's tokens, which bounds the
       pieces "first_fit" cuts it into.
+    images_per_row: Image slots of a row (0: the documents have none).
 
   Returns:
     Rows {"tokens", "weights", "record_ids", SEGMENT_IDS, POSITIONS}, each
-    of length L + 1.
+    of length L + 1, and with `images_per_row` IMAGES [images_per_row, h, w,
+    3].
   """
   if packing not in PACKINGS:
     raise ValueError(
         f"data.packing={packing!r} is invalid; valid: {PACKINGS}.")
+  if images_per_row and packing == "concat":
+    raise ValueError("data.packing='concat' would split images; use "
+                     "'first_fit' or 'none'.")
   row_len = seq_len + 1
   lengths = {key: row_len for key in FEATURES}
+  kept = (*FEATURES, SEGMENT_IDS, POSITIONS)
+  if images_per_row:
+    lengths[IMAGES] = images_per_row
+    kept += (IMAGES,)
   if packing == "concat":
     return grain.experimental.ConcatThenSplitIterDataset(
         documents, length_struct=lengths)
@@ -100,9 +122,9 @@ def pack(documents: grain.IterDataset, *, packing: str, seq_len: int,
         pieces, length_struct=lengths, num_packing_bins=num_bins,
         shuffle_bins=False)
     # Segment ids and positions of one feature are enough.
-    return rows.map(lambda row: {k: row[k] for k in (*FEATURES, SEGMENT_IDS,
-                                                     POSITIONS)})
-  return documents.map(lambda document: _pad_row(document, row_len))
+    return rows.map(lambda row: {k: row[k] for k in kept})
+  return documents.map(
+      lambda document: _pad_row(document, row_len, images_per_row))
 
 
 def to_example(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -111,13 +133,15 @@ def to_example(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   Returns:
     {"inputs", "targets", "mask", "segment_ids", "positions"} int32 [L] and
     "record_ids" int64 [L] (the record of each input token, `NO_RECORD` on
-    padding).
+    padding); the row's IMAGES where it has them.
   """
   segments = row[SEGMENT_IDS].astype(np.int32)
   tokens = row["tokens"].astype(np.int32)
   mask = ((segments[1:] == segments[:-1]) & (segments[1:] > 0) &
           (row["weights"][1:] > 0)).astype(np.int32)
+  images = {IMAGES: row[IMAGES]} if IMAGES in row else {}
   return {
+      **images,
       "inputs": tokens[:-1],
       "targets": tokens[1:],
       "mask": mask,

@@ -16,6 +16,12 @@ Training data of one process, in order:
      into examples and batched, `batch_size / P` rows per process, and
      `data.prefetch` batches are read ahead by a background thread.
 
+For a vision-language model (`data.images_per_row` > 0, `image_inputs`
+from the model) each chat record's image parts are read and preprocessed
+with it (`maxtext.data.images`), their placeholder ids expanded by the chat
+template, and each row carries "images" [images_per_row, h, w, 3] in the
+order of its placeholders.
+
 The position of the pipeline is its grain iterator state: the index of the
 next record of stage 1 and the packer's partial rows (as the record position
 to replay from). It is JSON, saved with every checkpoint, and restoring it
@@ -40,6 +46,7 @@ import numpy as np
 from maxtext.data import assets
 from maxtext.data import chat_template as chat_lib
 from maxtext.data import documents as documents_lib
+from maxtext.data import images as images_lib
 from maxtext.data import packing as packing_lib
 from maxtext.data import records as records_lib
 from maxtext.data import sources as sources_lib
@@ -195,17 +202,27 @@ def _allgather_json(local: Mapping[str, Any]) -> list[Any]:
           for row, n in zip(gathered, np.ravel(sizes))]
 
 
-def _encoders_and_sources(config: DataConfig, components, *, vocab_size: int):
+def _encoders_and_sources(config: DataConfig, components, *, vocab_size: int,
+                          image_inputs: images_lib.ImageInputs | None):
+  if config.images_per_row and image_inputs is None:
+    raise ValueError(
+        f"data.images_per_row={config.images_per_row} needs a model with a "
+        "vision tower (model.vision_layers > 0).")
   tokenizer = make_tokenizer(config)
   if tokenizer.vocab_size > vocab_size:
     raise ValueError(
         f"Tokenizer {tokenizer.path!r} has {tokenizer.vocab_size} ids but the"
         f" model's vocab_size is {vocab_size}; use a matching tokenizer or"
         " raise model.vocab_size.")
-  chat = None
+  chat = reader = None
   if config.chat_template:
+    image_ids = ()
+    if config.images_per_row:
+      image_ids = image_inputs.prompt_ids(tokenizer.encode)
+      reader = images_lib.ImageReader(image_inputs.settings, config.image_dir,
+                                      config.images_per_row)
     chat = chat_lib.ChatEncoder(chat_lib.load_template(config.chat_template),
-                                tokenizer)
+                                tokenizer, image_ids=image_ids)
   sources, encoders = [], []
   for _, component in components:
     text_field = component.text_field or config.text_field
@@ -218,7 +235,8 @@ def _encoders_and_sources(config: DataConfig, components, *, vocab_size: int):
     encoders.append(records_lib.DocumentEncoder(
         tokenizer, text_field=text_field,
         max_document_bytes=config.max_document_bytes, add_bos=config.add_bos,
-        add_eos=config.add_eos, chat=chat))
+        add_eos=config.add_eos, chat=chat, images=reader,
+        row_tokens=config.seq_len + 1))
   fingerprint = {
       "sources": [[c.source, len(s), c.weight, e.text_field]
                   for (_, c), s, e in zip(components, sources, encoders)],
@@ -228,6 +246,7 @@ def _encoders_and_sources(config: DataConfig, components, *, vocab_size: int):
       "chat_template": config.chat_template,
       "packing": config.packing,
       "seq_len": config.seq_len,
+      "images_per_row": config.images_per_row,
   }
   return sources, encoders, fingerprint
 
@@ -240,8 +259,8 @@ def _packed(config: DataConfig, records: grain.MapDataset, sources,
       num_workers=config.num_workers)
   examples = packing_lib.pack(
       documents, packing=config.packing, seq_len=config.seq_len,
-      num_bins=rows, max_document_tokens=config.max_document_bytes + 2).map(
-          packing_lib.to_example)
+      num_bins=rows, max_document_tokens=config.max_document_bytes + 2,
+      images_per_row=config.images_per_row).map(packing_lib.to_example)
   return examples.batch(rows, drop_remainder=drop_remainder)
 
 
@@ -255,13 +274,18 @@ def _process_rows(batch_size: int, process_count: int) -> int:
 
 def model_keys(config: DataConfig) -> tuple[str, ...]:
   """The batch keys of `config`'s training pipeline (what the model reads):
-  packed sources add per-token segment ids and positions."""
-  return _SYNTHETIC_KEYS if config.source == "synthetic" else MODEL_KEYS
+  packed sources add per-token segment ids and positions, image slots add
+  the images."""
+  if config.source == "synthetic":
+    return _SYNTHETIC_KEYS
+  return MODEL_KEYS + ((packing_lib.IMAGES,) if config.images_per_row else ())
 
 
 def make_train_pipeline(config: DataConfig, *, batch_size: int,
                         vocab_size: int, process_index: int = 0,
-                        process_count: int = 1) -> Pipeline:
+                        process_count: int = 1,
+                        image_inputs: images_lib.ImageInputs | None = None
+                        ) -> Pipeline:
   """The training batches of this process (see the module doc).
 
   Args:
@@ -270,6 +294,7 @@ def make_train_pipeline(config: DataConfig, *, batch_size: int,
     vocab_size: The model's vocabulary size; token ids must be below it.
     process_index: This process.
     process_count: Number of processes sharing the global batch.
+    image_inputs: A vision-language model's, for `data.images_per_row`.
 
   Raises:
     ValueError: the config does not fit the model or the data (names it).
@@ -298,7 +323,7 @@ def make_train_pipeline(config: DataConfig, *, batch_size: int,
 
   components = config.components()
   sources, encoders, fingerprint = _encoders_and_sources(
-      config, components, vocab_size=vocab_size)
+      config, components, vocab_size=vocab_size, image_inputs=image_inputs)
   streams = [
       grain.MapDataset.range(len(source)).shuffle(
           seed=_seed(config.shuffle_seed, i)).repeat(None).map(
@@ -325,8 +350,9 @@ def _prefetched(dataset: grain.IterDataset, prefetch: int) -> grain.IterDataset:
 
 
 def eval_batches(config: DataConfig, *, batch_size: int, vocab_size: int,
-                 process_index: int = 0,
-                 process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+                 process_index: int = 0, process_count: int = 1,
+                 image_inputs: images_lib.ImageInputs | None = None
+                 ) -> Iterator[dict[str, np.ndarray]]:
   """The evaluation batches of this process: `data.eval_steps` of them.
 
   `data.eval_files` are read once in order (no shuffle), packed like the
@@ -338,7 +364,8 @@ def eval_batches(config: DataConfig, *, batch_size: int, vocab_size: int,
   components = (("eval", MixtureComponent(
       source=config.eval_kind(), files=config.eval_files, weight=1.0)),)
   sources, encoders, _ = _encoders_and_sources(config, components,
-                                               vocab_size=vocab_size)
+                                               vocab_size=vocab_size,
+                                               image_inputs=image_inputs)
   records = grain.MapDataset.range(len(sources[0])).map(
       lambda index: (0, index))[process_index::process_count].map(
           documents_lib.Loader(sources, encoders))
@@ -350,17 +377,25 @@ def eval_batches(config: DataConfig, *, batch_size: int, vocab_size: int,
       batch = next(batches, None)
       if batch is None:
         if empty is None:
-          empty = _empty_batch(rows, config.seq_len)
+          empty = _empty_batch(rows, config, image_inputs)
         batch = empty
       yield _pad_rows(batch, rows)
   finally:
     batches.close()
 
 
-def _empty_batch(rows: int, seq_len: int) -> dict[str, np.ndarray]:
+def _empty_batch(rows: int, config: DataConfig,
+                 image_inputs: images_lib.ImageInputs | None
+                 ) -> dict[str, np.ndarray]:
+  seq_len = config.seq_len
   batch = {key: np.zeros((rows, seq_len), np.int32) for key in MODEL_KEYS}
   batch["record_ids"] = np.full((rows, seq_len), packing_lib.NO_RECORD,
                                 np.int64)
+  if config.images_per_row:
+    settings = image_inputs.settings
+    batch[packing_lib.IMAGES] = np.zeros(
+        (rows, config.images_per_row, settings.height, settings.width, 3),
+        np.float32)
   return batch
 
 

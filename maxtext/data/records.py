@@ -16,7 +16,11 @@ and warns with the record's file and line (or raises in strict mode).
 
 A document is a dict of three int arrays of its length n: "tokens",
 "weights" (loss weight of each token as a prediction target) and
-"record_ids" (its record id, `record_id(source, index)`, on every token).
+"record_ids" (its record id, `record_id(source, index)`, on every token);
+for a vision-language model also "images", float32 [v, h, w, 3] (v may be
+0): its conversation's image parts in order (`images.ImageReader`). A
+missing, truncated or non-image file, more images than a row holds, or a
+document with images longer than a row makes the record bad.
 """
 
 import dataclasses
@@ -26,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from maxtext.data import chat_template as chat_lib
+from maxtext.data import images as images_lib
 from maxtext.data import tokenizer as tokenizer_lib
 
 # Record ids pack (source index, record index) into one int64.
@@ -69,15 +74,23 @@ class DocumentEncoder:
     add_bos: Start plain-text documents with BOS.
     add_eos: End plain-text documents with EOS.
     chat: Renders conversations; None for plain text.
+    images: Reads the conversations' image parts (a vision-language
+      model); None: text only.
+    row_tokens: With `images`, the most tokens of a document with images
+      (a row's: its images are never split).
   """
 
   def __init__(self, tokenizer: tokenizer_lib.Tokenizer, *, text_field: str,
                max_document_bytes: int, add_bos: bool, add_eos: bool,
-               chat: chat_lib.ChatEncoder | None = None):
+               chat: chat_lib.ChatEncoder | None = None,
+               images: images_lib.ImageReader | None = None,
+               row_tokens: int = 0):
     self.tokenizer = tokenizer
     self.text_field = text_field
     self.max_document_bytes = max_document_bytes
     self.chat = chat
+    self.images = images
+    self.row_tokens = row_tokens
     self._bos = ([tokenizer.bos_id] if add_bos and tokenizer.bos_id is not None
                  else [])
     self._eos = ([tokenizer.eos_id] if add_eos and tokenizer.eos_id is not None
@@ -136,11 +149,22 @@ class DocumentEncoder:
           raise ValueError(str(e)) from None
       else:
         ids, weights = self._encode_text(value)
-    except ValueError as e:
+      images = None
+      if self.images is not None:
+        images = self.images.read(chat_lib.image_parts(value))
+        if len(images) and len(ids) > self.row_tokens:
+          raise ValueError(
+              f"{len(ids)} tokens with images, more than a row holds "
+              f"(data.seq_len + 1 = {self.row_tokens}): an image's tokens "
+              "are never split")
+    except ValueError as e:  # ImageError included.
       return BadRecord(rid, str(e))
-    return {"tokens": np.asarray(ids, np.int32),
-            "weights": np.asarray(weights, np.int32),
-            "record_ids": np.full(len(ids), rid, np.int64)}
+    document = {"tokens": np.asarray(ids, np.int32),
+                "weights": np.asarray(weights, np.int32),
+                "record_ids": np.full(len(ids), rid, np.int64)}
+    if images is not None:
+      document["images"] = images
+    return document
 
   def _encode_text(self, value: Any) -> tuple[list[int], list[int]]:
     if not isinstance(value, str):

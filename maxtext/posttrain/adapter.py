@@ -64,7 +64,8 @@ class TunixModel(nnx.Module):
   def __call__(self, input_tokens: jax.Array,
                positions: jax.Array | None = None, cache=None,
                attention_mask: jax.Array | None = None, *,
-               segment_ids: jax.Array | None = None):
+               segment_ids: jax.Array | None = None,
+               images: jax.Array | None = None):
     """Returns (float32 logits [B, L, V], None).
 
     Args:
@@ -75,6 +76,8 @@ class TunixModel(nnx.Module):
         module docstring); None means causal over the whole row.
       segment_ids: Packed-sequence ids [B, L] (0 on padding), instead of
         `attention_mask`.
+      images: A vision-language model's images [B, v, h, w, 3] for the
+        placeholders of `input_tokens`.
 
     Raises:
       ValueError: a cache is given, or both a mask and segment ids.
@@ -90,5 +93,7 @@ class TunixModel(nnx.Module):
       segment_ids = segment_ids_from_attention_mask(attention_mask)
     with axes.activation_sharding(self.rules):
       logits_BLV = self.model(input_tokens, positions_BL=positions,
-                              segment_ids_BL=segment_ids)
+                              segment_ids_BL=segment_ids,
+                              **({} if images is None else
+                                 {"images_Bvhwe": images}))
     return logits_BLV, None

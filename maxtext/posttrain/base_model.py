@@ -44,26 +44,38 @@ def _block_groups(params: dict[str, Any]) -> list[str]:
           if isinstance(name, str) and name.endswith("blocks")]
 
 
-def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
-  """Scanned-layout parameters (blocks stacked) -> unscanned ones."""
+def _map_stacks(params: dict[str, Any], fn) -> dict[str, Any]:
+  """`params` with `fn` applied to each stack of layers: every layer kind's
+  blocks and a vision tower's layers (`vision.layers`)."""
   params = dict(params)
   for group in _block_groups(params):
     if params.get(group):
-      stacked = params[group]
-      count = jax.tree.leaves(stacked)[0].shape[0]
-      params[group] = {layer: jax.tree.map(lambda a, i=layer: a[i], stacked)
-                       for layer in range(count)}
+      params[group] = fn(params[group])
+  if isinstance(params.get("vision"), dict) and params["vision"].get("layers"):
+    params["vision"] = {**params["vision"],
+                        "layers": fn(params["vision"]["layers"])}
   return params
+
+
+def _unstack(stacked):
+  count = jax.tree.leaves(stacked)[0].shape[0]
+  return {layer: jax.tree.map(lambda a, i=layer: a[i], stacked)
+          for layer in range(count)}
+
+
+def _stack(layers):
+  return jax.tree.map(lambda *a: jnp.stack(a),
+                      *[layers[layer] for layer in sorted(layers)])
+
+
+def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
+  """Scanned-layout parameters (layers stacked) -> unscanned ones."""
+  return _map_stacks(params, _unstack)
 
 
 def stack_layers(params: dict[str, Any]) -> dict[str, Any]:
   """Unscanned-layout parameters -> scanned ones (inverse of unstack)."""
-  params = dict(params)
-  for group in _block_groups(params):
-    if params.get(group):
-      layers = [params[group][layer] for layer in sorted(params[group])]
-      params[group] = jax.tree.map(lambda *a: jnp.stack(a), *layers)
-  return params
+  return _map_stacks(params, _stack)
 
 
 @dataclasses.dataclass

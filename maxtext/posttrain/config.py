@@ -95,10 +95,14 @@ class SftConfig:
       completion column instead of `data.text_field` messages; they become
       a user and an assistant turn of the chat template. Empty: messages.
     completion_field: See `prompt_field`.
+    train_vision: A vision-language model's vision tower trains too (full
+      fine-tuning); False: it stays frozen (its projector trains). LoRA
+      adapts only what `lora.module_path` matches.
   """
 
   prompt_field: str = ""
   completion_field: str = ""
+  train_vision: bool = False
 
   def __post_init__(self):
     if bool(self.prompt_field) != bool(self.completion_field):

@@ -18,11 +18,19 @@ from configs import distill as distill_config
 from configs import dpo as dpo_config
 from configs import sft as sft_config
 from maxtext.checkpoint import hf_convert
+from maxtext.data import caption_task
 from testing import hf_tiny_models
 
-# Words w0..w{NUM_WORDS-1} have ids 0..; then the template's words.
+# Words w0..w{NUM_WORDS-1} have ids 0..; then the template's words, then
+# those of the caption task (`maxtext.data.caption_task`).
 NUM_WORDS = 100
 SPECIAL_WORDS = ("<s>", "</s>", "user", "assistant", "system")
+CAPTION_WORDS = tuple(sorted({
+    "a", *caption_task.COLORS, *caption_task.SHAPES,
+    *caption_task.PROMPT.split()}))
+# The tiny vision-language model's image ids, after every word.
+VLM_IDS = dict(boi_token_index=125, eoi_token_index=126,
+               image_token_index=127)
 # A chat template whose markup is whitespace-separated words of the
 # tokenizer: "user w1 w2 assistant w3 </s>".
 TEMPLATE = (
@@ -40,7 +48,8 @@ def word(i: int) -> str:
 def write_tokenizer(path: str) -> None:
   """A word-level tokenizer.json of the words and the template's words."""
   vocab = {word(i): i for i in range(NUM_WORDS)}
-  vocab.update({w: NUM_WORDS + i for i, w in enumerate(SPECIAL_WORDS)})
+  vocab.update({w: len(vocab) + i
+                for i, w in enumerate(SPECIAL_WORDS + CAPTION_WORDS)})
   tokenizer = tokenizers.Tokenizer(
       tokenizers.models.WordLevel(vocab, unk_token=word(0)))
   tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
@@ -51,9 +60,15 @@ def write_checkpoint(folder: str, family: str = "llama3", seed: int = 0
                      ) -> str:
   """A converted checkpoint (scanned layout) of a tiny random `family`
   model with the word tokenizer, and its Hugging Face folder; returns the
-  checkpoint folder (`<folder>/ckpt`, the HF one is `<folder>/hf`)."""
+  checkpoint folder (`<folder>/ckpt`, the HF one is `<folder>/hf`).
+  `family` "gemma3_vlm": the tiny Gemma 3 vision-language model."""
   hf_dir = os.path.join(folder, "hf")
-  hf_tiny_models.tiny_hf_model(family, seed=seed).save_pretrained(hf_dir)
+  if family == "gemma3_vlm":
+    hf_model = hf_tiny_models.tiny_gemma3_vlm(seed, vocab_size=128,
+                                               ids=VLM_IDS)
+  else:
+    hf_model = hf_tiny_models.tiny_hf_model(family, seed=seed)
+  hf_model.save_pretrained(hf_dir)
   write_tokenizer(os.path.join(hf_dir, "tokenizer.json"))
   out = os.path.join(folder, "ckpt")
   hf_convert.hf_to_orbax(hf_dir, out)

@@ -20,14 +20,19 @@ update averages the gradients of M slices of `batch_size / M` rows (Tunix's
 whole batch's mean when the slices hold as many target tokens.
 
 Only the adapters train under LoRA/QLoRA (`lora.mode`); every parameter
-under "full". The run ends by exporting the model (`maxtext.posttrain
+under "full", except a vision-language model's vision tower unless
+`sft.train_vision` (its projector trains). Such a model reads the images
+of the records' image parts (`data.images_per_row` slots per row,
+preprocessed as its checkpoint's `preprocessor_config.json` says;
+`maxtext.data.images`). The run ends by exporting the model (`maxtext.posttrain
 .base_model.export`): adapters merged into the base weights.
 
 Shapes: B batch, L length, V vocab.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 import dataclasses
+import functools
 import json
 import os
 
@@ -35,10 +40,14 @@ from absl import logging
 import jax
 import ml_collections
 import numpy as np
+import optax
 from tunix.sft import peft_trainer
 
+from maxtext.data import images as images_lib
 from maxtext.data import pipeline
+from maxtext.common.model_config import ModelConfig
 from maxtext.data.data_config import DataConfig
+from maxtext.models import registry
 from maxtext.posttrain import base_model
 from maxtext.posttrain import dpo
 from maxtext.posttrain import rows as rows_lib
@@ -52,9 +61,12 @@ MESSAGES_FIELD = "messages"
 
 def sft_loss(model, inputs: jax.Array, targets: jax.Array, mask: jax.Array,
              segment_ids: jax.Array | None = None,
-             positions: jax.Array | None = None) -> jax.Array:
-  """Masked mean cross-entropy of the adapted `model` on one batch [B, L]."""
-  logits_BLV, _ = model(inputs, positions, segment_ids=segment_ids)
+             positions: jax.Array | None = None,
+             images: jax.Array | None = None) -> jax.Array:
+  """Masked mean cross-entropy of the adapted `model` on one batch [B, L]
+  (with its `images` [B, v, h, w, 3], a vision-language model)."""
+  logits_BLV, _ = model(inputs, positions, segment_ids=segment_ids,
+                        images=images)
   loss, _ = train_step.cross_entropy(logits_BLV, targets, mask)
   return loss
 
@@ -114,22 +126,81 @@ def data_config(config: PosttrainConfig,
   return dataclasses.replace(data, mixture=dict(data.mixture), **changes)
 
 
-def model_batches(batches) -> Iterator[dict[str, np.ndarray]]:
+def model_batches(batches, keys: Sequence[str] = pipeline.MODEL_KEYS
+                  ) -> Iterator[dict[str, np.ndarray]]:
   for batch in batches:
-    yield {key: batch[key] for key in pipeline.MODEL_KEYS}
+    yield {key: batch[key] for key in keys}
 
 
 class EvalBatches:
   """The eval split, read afresh by each evaluation."""
 
-  def __init__(self, data: DataConfig, rows: int, vocab_size: int):
+  def __init__(self, data: DataConfig, rows: int, vocab_size: int,
+               image_inputs: images_lib.ImageInputs | None = None):
     self.data = data
     self.rows = rows
     self.vocab_size = vocab_size
+    self.image_inputs = image_inputs
 
   def __iter__(self):
     return model_batches(pipeline.eval_batches(
-        self.data, batch_size=self.rows, vocab_size=self.vocab_size))
+        self.data, batch_size=self.rows, vocab_size=self.vocab_size,
+        image_inputs=self.image_inputs), pipeline.model_keys(self.data))
+
+
+def image_inputs(loaded: base_model.LoadedModel,
+                 data: DataConfig) -> images_lib.ImageInputs | None:
+  """What the pipeline needs to read images for the loaded model (None
+  without `data.images_per_row`).
+
+  Raises:
+    ValueError: images are asked of a model without a vision tower.
+  """
+  if not data.images_per_row:
+    return None
+  vision = loaded.cfg.vision
+  if not vision.layers:
+    raise ValueError(
+        f"data.images_per_row={data.images_per_row} needs a model with a "
+        f"vision tower; the {loaded.cfg.family} model of {loaded.path} has "
+        "none (vision_layers=0).")
+  family = registry.family_module(loaded.cfg.family)
+  return images_lib.ImageInputs(
+      images_lib.model_settings(vision, loaded.path),
+      functools.partial(family.image_prompt_ids, vision))
+
+
+def trains_vision(config: PosttrainConfig, cfg: ModelConfig) -> bool:
+  """Whether the run trains `cfg`'s vision tower (full fine-tuning with
+  `sft.train_vision`)."""
+  return bool(cfg.vision.layers and config.lora.mode == "full" and
+              config.sft.train_vision)
+
+
+def make_optimizer(config: PosttrainConfig,
+                   cfg: ModelConfig) -> optax.GradientTransformation:
+  """The optimizer sft trains `cfg` with: the run's, the vision tower
+  frozen where the run fully fine-tunes a tower it does not train."""
+  optimizer = runtime_lib.make_optimizer(config)
+  if (cfg.vision.layers and config.lora.mode == "full" and
+      not trains_vision(config, cfg)):
+    optimizer = frozen_vision(optimizer)
+  return optimizer
+
+
+def frozen_vision(optimizer: optax.GradientTransformation
+                  ) -> optax.GradientTransformation:
+  """`optimizer` that leaves the vision tower's parameters (those under a
+  `vision` module) as they are: zero updates, no optimizer state."""
+
+  def labels(params):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: "frozen" if any(
+            getattr(key, "key", getattr(key, "name", None)) == "vision"
+            for key in path) else "trained", params)
+
+  return optax.multi_transform({"trained": optimizer,
+                                "frozen": optax.set_to_zero()}, labels)
 
 
 def run_sft(config: PosttrainConfig,
@@ -142,19 +213,21 @@ def run_sft(config: PosttrainConfig,
                                  seed=config.train.seed, rules=runtime.rules,
                                  execution=config.execution)
   vocab_size = loaded.cfg.vocab_size
+  images = image_inputs(loaded, data)
+  optimizer = make_optimizer(config, loaded.cfg)
   with runtime.activate():
     train_data = pipeline.make_train_pipeline(
-        data, batch_size=rows, vocab_size=vocab_size)
+        data, batch_size=rows, vocab_size=vocab_size, image_inputs=images)
     trainer = peft_trainer.PeftTrainer(
-        loaded.model, runtime_lib.make_optimizer(config),
+        loaded.model, optimizer,
         runtime_lib.training_config(config, workdir, runtime, data.seq_len))
     trainer.with_loss_fn(sft_loss)
-    eval_data = (EvalBatches(data, rows, vocab_size)
+    eval_data = (EvalBatches(data, rows, vocab_size, images)
                  if data.eval_every_steps else None)
     try:
       preempted = runtime_lib.train_until_stopped(
-          trainer, model_batches(train_data), eval_data,
-          every=config.train.microbatches)
+          trainer, model_batches(train_data, pipeline.model_keys(data)),
+          eval_data, every=config.train.microbatches)
     finally:
       train_data.close()
   return runtime_lib.finish(config, workdir, loaded, trainer,

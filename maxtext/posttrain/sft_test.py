@@ -130,8 +130,8 @@ class SftTest(absltest.TestCase):
 
     real_batches = sft.model_batches
 
-    def sigterm_in_update_2(batches):
-      for index, batch in enumerate(real_batches(batches)):
+    def sigterm_in_update_2(batches, *keys):
+      for index, batch in enumerate(real_batches(batches, *keys)):
         if index == 3:  # Update 2's second microbatch.
           os.kill(os.getpid(), signal.SIGTERM)
         yield batch

@@ -1,0 +1,46 @@
+"""Supervised fine-tuning of a vision-language model on chat records with
+images (docs/multimodal.md).
+
+The model is a converted vision-language checkpoint (--load; Gemma 3
+4b/12b/27b from google/gemma-3-*-it via //maxtext/bin:convert_ckpt). Records
+hold conversations whose user turns have image parts ({"type": "image",
+"path": ...} relative to data.image_dir, or the image's bytes) and text
+parts; the chat template puts the family's image placeholders where the
+parts are, the images fill them, and the loss counts the assistant turns.
+The vision tower stays frozen (sft.train_vision) and its projector trains;
+LoRA adapts the decoder's projections only.
+
+  tools/bazel run //maxtext/data:write_captions -- --out=data/captions
+  tools/bazel run //maxtext/bin:sft -- --config=configs/sft_vlm.py:gemma3 \
+      --load=ckpts/gemma3_4b --workdir=runs/sft_vlm \
+      --config.data.files=data/captions/captions.jsonl \
+      --config.data.eval_files=data/captions/captions_eval.jsonl \
+      --config.data.eval_every_steps=50 \
+      --config.data.image_dir=data/captions
+
+Variants: gemma3 (full), gemma3_lora, gemma3_qlora. The trained model is
+written to <workdir>/export (adapters merged, tower included), which
+//maxtext/bin:decode --image and //maxtext/bin:convert_ckpt --to_hf read.
+"""
+
+import ml_collections
+
+from configs import sft
+
+VARIANTS = ("gemma3", "gemma3_lora", "gemma3_qlora")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """Returns the config of variant `arg` (None means "gemma3")."""
+  variant = arg or "gemma3"
+  if variant not in VARIANTS:
+    raise ValueError(f"Unknown sft_vlm variant {variant!r}; valid variants:"
+                     f" {sorted(VARIANTS)}.")
+  config = sft.get_config(variant.partition("_")[2] or "full")
+  config.data.chat_template = "gemma"
+  # One image of 256 soft tokens (and its markup) plus a conversation.
+  config.data.images_per_row = 1
+  config.data.seq_len = 512
+  config.data.packing = "first_fit"
+  config.train.batch_size = 8
+  return config
