@@ -337,6 +337,9 @@ def base_config() -> ml_collections.ConfigDict:
   # "none"), and the folder relative image paths are in.
   config.data.images_per_row = 0
   config.data.image_dir = ""
+  # A field (column) with each record's images, taken in order by image
+  # parts that carry none (Hugging Face datasets' image column).
+  config.data.image_field = ""
   # Sized with train.batch_size so that the default small models train on a
   # 2-core CPU in a few minutes; real runs override both.
   config.data.seq_len = 128

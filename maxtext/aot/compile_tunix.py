@@ -126,21 +126,15 @@ def _abstract_model(cfg: ModelConfig, lora: lora_lib.LoraConfig, seed: int,
 
 def _placed(tree, mesh: jax.sharding.Mesh):
   """`tree` (an abstract nnx object) with each array laid out by its
-  partition spec (from the variables' `out_sharding` metadata); the empty
-  optimizer state of frozen parameters (`optax.MaskedNode`) stays."""
+  partition spec (from the variables' `out_sharding` metadata)."""
   graphdef, state = nnx.split(tree)
   specs = nnx.get_partition_spec(state)
-
-  def place(x, spec):
-    if isinstance(x, optax.MaskedNode):
-      return x
-    return jax.ShapeDtypeStruct(
-        x.shape, x.dtype,
-        sharding=jax.sharding.NamedSharding(mesh, spec or
-                                            jax.sharding.PartitionSpec()))
-
-  state = jax.tree.map(place, state, specs,
-                       is_leaf=lambda x: isinstance(x, optax.MaskedNode))
+  state = jax.tree.map(
+      lambda x, spec: jax.ShapeDtypeStruct(
+          x.shape, x.dtype,
+          sharding=jax.sharding.NamedSharding(mesh, spec or
+                                              jax.sharding.PartitionSpec())),
+      state, specs)
   return nnx.merge(graphdef, state)
 
 

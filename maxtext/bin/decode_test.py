@@ -5,6 +5,7 @@ them."""
 
 import contextlib
 import io
+import json
 import os
 from unittest import mock
 
@@ -14,10 +15,12 @@ import numpy as np
 from PIL import Image
 import tokenizers
 import torch
+import transformers
 from transformers.models.gemma3 import image_processing_pil_gemma3
 
 from maxtext.bin import decode
 from maxtext.checkpoint import hf_convert
+from maxtext.posttrain import posttrain_testing as pt
 from testing import hf_tiny_models
 
 _IDS = [5, 17, 99, 3, 42, 8]
@@ -183,6 +186,40 @@ class DecodeImagesTest(absltest.TestCase):
     self.assertLessEqual(float(np.abs(got - want).max()), 1e-4)
     self.assertEqual(printed.strip(), ",".join(map(str, self.ids)) + " -> " +
                      ",".join(map(str, greedy.tolist())))
+
+  def test_text_prompt_with_images_through_the_chat_template(self):
+    folder = os.path.join(self.user_dir, "vlm")
+    ckpt = pt.write_checkpoint(folder, "gemma3_vlm")
+    printed = self._run(checkpoint=ckpt, prompt=["describe the picture"],
+                        image=self.images[:1], max_new_tokens=4,
+                        chat_template=pt.template_file(folder))
+    # The template's user turn: the image's ids ("\n\n" is no word of
+    # this tokenizer), the text, then the generation prompt.
+    with open(os.path.join(folder, "hf", "tokenizer.json"),
+              encoding="utf-8") as f:
+      vocab = json.load(f)["model"]["vocab"]
+    ids = pt.VLM_IDS
+    prompt = ([vocab["user"], ids["boi_token_index"]] +
+              [ids["image_token_index"]] * 4 + [ids["eoi_token_index"]] +
+              [vocab[w] for w in ("describe", "the", "picture")] +
+              [vocab["assistant"]])
+    hf_model = transformers.AutoModelForImageTextToText.from_pretrained(
+        os.path.join(folder, "hf"), dtype=torch.float32,
+        attn_implementation="eager").eval()
+    processor = image_processing_pil_gemma3.Gemma3ImageProcessorPil(
+        size={"height": 28, "width": 28}, do_pan_and_scan=False)
+    tokens = torch.tensor([prompt])
+    with torch.no_grad():
+      greedy = hf_model.generate(
+          input_ids=tokens, attention_mask=torch.ones_like(tokens),
+          pixel_values=processor(
+              Image.open(os.path.join(self.user_dir, self.images[0])),
+              return_tensors="pt")["pixel_values"],
+          token_type_ids=(tokens == ids["image_token_index"]).long(),
+          max_new_tokens=4, do_sample=False)[0, len(prompt):].tolist()
+    words = {i: w for w, i in vocab.items()}
+    self.assertEqual(printed.strip().split(" -> ")[1],
+                     repr(" ".join(words[i] for i in greedy)))
 
   def test_mistakes_are_one_line_errors(self):
     with open(os.path.join(self.user_dir, "decode.txt"), "w",

@@ -69,6 +69,7 @@ class DataConfig:
   packing: str
   images_per_row: int = 0
   image_dir: str = paths.field(default="")
+  image_field: str = ""
   seq_len: int
   shuffle_seed: int
   num_workers: int
@@ -101,6 +102,10 @@ class DataConfig:
           f"data.packing='concat' cuts documents at row boundaries, which "
           f"would split images; with data.images_per_row="
           f"{self.images_per_row} use 'first_fit' or 'none'.")
+    if self.image_field and not self.images_per_row:
+      raise ValueError(
+          f"data.image_field={self.image_field!r} needs image slots "
+          "(data.images_per_row > 0).")
     if self.images_per_row and not self.chat_template:
       raise ValueError(
           f"data.images_per_row={self.images_per_row} needs chat records "

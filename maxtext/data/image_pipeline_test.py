@@ -9,8 +9,11 @@ import os
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import datasets
 import numpy as np
 from PIL import Image
+import pyarrow
+from pyarrow import parquet
 
 from maxtext.data import images
 from maxtext.data import packing
@@ -155,6 +158,54 @@ class ImagePipelineTest(parameterized.TestCase):
         np.testing.assert_array_equal(got[key], batch[key], err_msg=key)
     resumed.close()
 
+  @parameterized.parameters("arrow", "parquet")
+  def test_an_image_column_fills_bare_image_parts(self, source):
+    """A Hugging Face dataset saved to disk (an `Image` column) or Parquet
+    (a column of encoded bytes): image parts without data take the row's
+    images in order."""
+    rng = np.random.default_rng(1)
+    rows, expected = [], []
+    for i in range(12):
+      pictures = [_png(rng, (6 + i, 7 + k)) for k in range(1 + i % 2)]
+      expected.append([images.preprocess(images.load(p), _SETTINGS)
+                       for p in pictures])
+      rows.append({"messages": [
+          {"role": "user", "content": [{"type": "image", "path": None,
+                                        "image": None, "bytes": None,
+                                        "text": None}] * len(pictures) + [
+              {"type": "text", "path": None, "image": None, "bytes": None,
+               "text": f"What is {i}?"}]},
+          {"role": "assistant", "content": [
+              {"type": "text", "path": None, "image": None, "bytes": None,
+               "text": f"Thing {i}."}]}],
+                   "pictures": pictures, "index": i})
+    path = os.path.join(self.dir, f"data.{source}")
+    if source == "arrow":
+      dataset = datasets.Dataset.from_list(rows).cast_column(
+          "pictures", datasets.Sequence(datasets.Image()))
+      dataset.save_to_disk(path)
+    else:
+      parquet.write_table(pyarrow.Table.from_pylist(rows), path)
+    config = _config(source=source, files=path, image_field="pictures",
+                     packing="none")
+    data = pipeline.make_train_pipeline(config, batch_size=2,
+                                        vocab_size=32000,
+                                        image_inputs=_INPUTS)
+    for _ in range(6):
+      batch = next(data)
+      for row in range(2):
+        record = int(batch["record_ids"][row][0]) & ((1 << 40) - 1)
+        want = expected[record]
+        for k, pixels in enumerate(want):
+          np.testing.assert_array_equal(batch["images"][row][k], pixels)
+        self.assertEqual(int(np.sum(batch["inputs"][row] == _PLACEHOLDER)),
+                         _TOKENS_PER_IMAGE * len(want))
+    data.close()
+    with self.assertRaisesRegex(ValueError, "no column 'photos'"):
+      pipeline.make_train_pipeline(
+          _config(source=source, files=path, image_field="photos"),
+          batch_size=2, vocab_size=32000, image_inputs=_INPUTS)
+
   def test_mistakes(self):
     with self.assertRaisesRegex(ValueError, "packing='concat'"):
       _config(packing="concat")
@@ -166,6 +217,12 @@ class ImagePipelineTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "packing='concat'"):
       packing.pack(None, packing="concat", seq_len=4, num_bins=1,
                    max_document_tokens=4, images_per_row=1)
+    with self.assertRaisesRegex(ValueError, "image_field='x' needs image"):
+      _config(images_per_row=0, image_field="x")
+    reader = images.ImageReader(_SETTINGS, self.dir, 2)
+    with self.assertRaisesRegex(ValueError, "1 image parts without data .*"
+                                "and 2 images in the record's image column"):
+      reader.read([{"type": "image"}], [b"a", b"b"])
 
 
 if __name__ == "__main__":

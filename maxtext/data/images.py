@@ -20,7 +20,8 @@ naming it, not later in a batch.
 The input pipeline (`maxtext.data.records`) reads the image parts of chat
 records with an `ImageReader`: a part's "path" (absolute, or relative to
 `data.image_dir`), or its encoded bytes ("image" or "bytes": bytes, or a
-base64 string in JSON), preprocessed to [v, h, w, 3]. `ImageInputs` is
+base64 string in JSON), or, for parts without either, the record's image
+column (`data.image_field`) in order; preprocessed to [v, h, w, 3]. `ImageInputs` is
 what a vision-language model gives the pipeline: its settings and the ids
 one image becomes in a prompt.
 """
@@ -202,18 +203,36 @@ class ImageReader:
   image_dir: str
   per_row: int
 
-  def read(self, parts: Sequence[Mapping[str, Any]]) -> np.ndarray:
+  def read(self, parts: Sequence[Mapping[str, Any]],
+           column: Sequence[Any] | None = None) -> np.ndarray:
     """float32 [len(parts), h, w, 3] of the parts, in order.
+
+    Args:
+      parts: A conversation's image parts.
+      column: The record's image column (`data.image_field`): entries that
+        parts without data of their own take in order, each a path, the
+        encoded bytes or {"bytes", "path"} (a Hugging Face `Image`
+        feature); None: no column.
 
     Raises:
       ImageError: an image cannot be read (names it).
-      ValueError: there are more than `per_row`.
+      ValueError: there are more than `per_row`, or the parts and the
+        column's entries do not pair up.
     """
     if len(parts) > self.per_row:
       raise ValueError(f"{len(parts)} images, more than data.images_per_row="
                        f"{self.per_row}")
-    pixels = [preprocess(load(*self._source(part)), self.settings)
-              for part in parts]
+    column = list(column or ())
+    bare = [part for part in parts if not _has_data(part)]
+    if len(bare) != len(column):
+      raise ValueError(
+          f"{len(bare)} image parts without data of their own and "
+          f"{len(column)} images in the record's image column; they pair up "
+          "in order, so the counts must match")
+    column_parts = iter(column)
+    pixels = [preprocess(load(*self._source(
+        part if _has_data(part) else _as_part(next(column_parts)))),
+                         self.settings) for part in parts]
     if not pixels:
       return np.zeros((0, self.settings.height, self.settings.width, 3),
                       np.float32)
@@ -239,3 +258,21 @@ class ImageReader:
       raise ImageError(f"Image part {str(dict(part))[:80]!r} has no 'path' "
                        "string and no 'image'/'bytes' data.")
     return bytes(data), f"image bytes ({len(data)} bytes)"
+
+
+def _has_data(part: Mapping[str, Any]) -> bool:
+  """Whether an image part carries its image (a path or bytes)."""
+  return any(part.get(key) is not None for key in ("path", "image", "bytes"))
+
+
+def _as_part(entry: Any) -> dict[str, Any]:
+  """An image column's entry as an image part: a path string, encoded
+  bytes, or a Hugging Face `Image` feature's {"bytes", "path"} (bytes
+  first: a path there is only the original file name)."""
+  if isinstance(entry, Mapping):
+    if entry.get("bytes") is not None:
+      return {"image": entry["bytes"]}
+    return {"path": entry.get("path")}
+  if isinstance(entry, str):
+    return {"path": entry}
+  return {"image": entry}

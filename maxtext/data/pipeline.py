@@ -228,7 +228,7 @@ def _encoders_and_sources(config: DataConfig, components, *, vocab_size: int,
     text_field = component.text_field or config.text_field
     sources.append(sources_lib.make_file_source(
         component.source, component.files, text_field=text_field,
-        text_unit=config.text_unit))
+        text_unit=config.text_unit, image_field=config.image_field))
     if not len(sources[-1]):
       raise ValueError(f"{component.source} files {component.files!r} hold"
                        " no records.")
@@ -236,7 +236,7 @@ def _encoders_and_sources(config: DataConfig, components, *, vocab_size: int,
         tokenizer, text_field=text_field,
         max_document_bytes=config.max_document_bytes, add_bos=config.add_bos,
         add_eos=config.add_eos, chat=chat, images=reader,
-        row_tokens=config.seq_len + 1))
+        row_tokens=config.seq_len + 1, image_field=config.image_field))
   fingerprint = {
       "sources": [[c.source, len(s), c.weight, e.text_field]
                   for (_, c), s, e in zip(components, sources, encoders)],
@@ -247,6 +247,7 @@ def _encoders_and_sources(config: DataConfig, components, *, vocab_size: int,
       "packing": config.packing,
       "seq_len": config.seq_len,
       "images_per_row": config.images_per_row,
+      "image_field": config.image_field,
   }
   return sources, encoders, fingerprint
 

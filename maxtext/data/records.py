@@ -76,6 +76,9 @@ class DocumentEncoder:
     chat: Renders conversations; None for plain text.
     images: Reads the conversations' image parts (a vision-language
       model); None: text only.
+    image_field: A field (column) of each record with its images, which
+      image parts without data of their own take in order (Hugging Face
+      datasets' image column); "": none.
     row_tokens: With `images`, the most tokens of a document with images
       (a row's: its images are never split).
   """
@@ -84,13 +87,14 @@ class DocumentEncoder:
                max_document_bytes: int, add_bos: bool, add_eos: bool,
                chat: chat_lib.ChatEncoder | None = None,
                images: images_lib.ImageReader | None = None,
-               row_tokens: int = 0):
+               row_tokens: int = 0, image_field: str = ""):
     self.tokenizer = tokenizer
     self.text_field = text_field
     self.max_document_bytes = max_document_bytes
     self.chat = chat
     self.images = images
     self.row_tokens = row_tokens
+    self.image_field = image_field
     self._bos = ([tokenizer.bos_id] if add_bos and tokenizer.bos_id is not None
                  else [])
     self._eos = ([tokenizer.eos_id] if add_eos and tokenizer.eos_id is not None
@@ -102,21 +106,24 @@ class DocumentEncoder:
               f"{self.max_document_bytes}")
     return None
 
-  def _field(self, raw: Any, payload: str) -> Any:
-    """The field's value; raises ValueError with the reason it is bad."""
+  def _field(self, raw: Any, payload: str) -> tuple[Any, Any]:
+    """(The field's value, the record's `image_field` value or None);
+    raises ValueError with the reason it is bad."""
     size = len(raw.encode("utf-8")) if isinstance(raw, str) else (
         len(raw) if isinstance(raw, bytes) else 0)
     if reason := self._too_large(size):
       raise ValueError(reason)
     if payload == "value":
-      return raw
+      if self.image_field:  # A row of both columns.
+        return raw[self.text_field], raw[self.image_field]
+      return raw, None
     try:
       text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
       raise ValueError(
           f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
     if payload == "text":
-      return text
+      return text, None
     try:
       obj = json.loads(text)
     except json.JSONDecodeError as e:
@@ -129,7 +136,7 @@ class DocumentEncoder:
     if self.text_field not in obj:
       raise ValueError(
           f"no field {self.text_field!r} (fields: {sorted(obj)[:10]})")
-    return obj[self.text_field]
+    return obj[self.text_field], obj.get(self.image_field)
 
   def encode(self, raw: Any, payload: str,
              rid: int) -> dict[str, np.ndarray] | BadRecord:
@@ -141,7 +148,7 @@ class DocumentEncoder:
       rid: The record's id, stored on each token.
     """
     try:
-      value = self._field(raw, payload)
+      value, column_images = self._field(raw, payload)
       if self.chat is not None:
         try:
           ids, weights = self.chat.encode(value)
@@ -151,7 +158,8 @@ class DocumentEncoder:
         ids, weights = self._encode_text(value)
       images = None
       if self.images is not None:
-        images = self.images.read(chat_lib.image_parts(value))
+        images = self.images.read(chat_lib.image_parts(value),
+                                  column_images)
         if len(images) and len(ids) > self.row_tokens:
           raise ValueError(
               f"{len(ids)} tokens with images, more than a row holds "

@@ -191,23 +191,27 @@ def _byte_records(paths: Sequence[str], payload: str,
 
 
 class ParquetRecords:
-  """Rows of one column of Parquet files."""
+  """Rows of one column of Parquet files (with `extra_field`, of two: each
+  row a dict {field: value, extra_field: value})."""
 
   payload = "value"
 
-  def __init__(self, paths: Sequence[str], field: str):
+  def __init__(self, paths: Sequence[str], field: str, extra_field: str = ""):
     self.paths = list(paths)
     self.field = field
+    self.extra_field = extra_field
     counts = []  # Rows per row group, over all files in order.
     # (file index, row group index, its first row in the file) of each group.
     self._groups = []
     for i, path in enumerate(self.paths):
       metadata = parquet.ParquetFile(path).metadata
-      names = metadata.schema.names
-      if field not in names:
-        raise ValueError(
-            f"Parquet file {path!r} has no column {field!r} (set"
-            f" data.text_field); its columns: {names}.")
+      # Top-level columns (`schema.names` lists nested leaves).
+      names = metadata.schema.to_arrow_schema().names
+      for name, key in ((field, "text_field"), (extra_field, "image_field")):
+        if name and name not in names:
+          raise ValueError(
+              f"Parquet file {path!r} has no column {name!r} (set"
+              f" data.{key}); its columns: {names}.")
       first_row = 0
       for g in range(metadata.num_row_groups):
         counts.append(metadata.row_group(g).num_rows)
@@ -247,8 +251,11 @@ class ParquetRecords:
       if f is None:
         f = self._files[file_index] = parquet.ParquetFile(
             self.paths[file_index])
-      values = f.read_row_group(row_group, columns=[self.field]).column(
-          0).to_pylist()
+      columns = [self.field] + ([self.extra_field] if self.extra_field
+                                else [])
+      table = f.read_row_group(row_group, columns=columns)
+      values = (table.column(0).to_pylist() if not self.extra_field
+                else table.to_pylist())
       self._cache[group] = values
       if len(self._cache) > _CACHED_ROW_GROUPS:
         self._cache.popitem(last=False)
@@ -297,13 +304,16 @@ class ArrayRecordRecords:
 
 
 class ArrowRecords:
-  """Rows of one column of `datasets.Dataset`s saved with `save_to_disk`."""
+  """Rows of one column of `datasets.Dataset`s saved with `save_to_disk`
+  (with `extra_field`, of two: each row a dict {field: value, extra_field:
+  value}, e.g. a conversation and its images)."""
 
   payload = "value"
 
-  def __init__(self, paths: Sequence[str], field: str):
+  def __init__(self, paths: Sequence[str], field: str, extra_field: str = ""):
     self.paths = list(paths)
     self.field = field
+    self.extra_field = extra_field
     counts = [len(self._column(path)) for path in self.paths]
     self._dataset_starts = np.concatenate([[0], np.cumsum(counts)]).astype(
         np.int64)
@@ -314,7 +324,7 @@ class ArrowRecords:
     state["_columns"] = {}
     return state
 
-  def _column(self, path: str) -> pyarrow.ChunkedArray:
+  def _column(self, path: str) -> pyarrow.ChunkedArray | pyarrow.Table:
     # Imported here: `datasets` is heavy and only this source needs it.
     import datasets  # pylint: disable=g-import-not-at-top
 
@@ -327,10 +337,14 @@ class ArrowRecords:
       raise ValueError(
           f"{path!r} holds a DatasetDict; point data.files at one of its"
           f" splits: {[os.path.join(path, s) for s in dataset]}.")
-    if self.field not in dataset.column_names:
-      raise ValueError(
-          f"Dataset {path!r} has no column {self.field!r} (set"
-          f" data.text_field); its columns: {dataset.column_names}.")
+    for name, key in ((self.field, "text_field"),
+                      (self.extra_field, "image_field")):
+      if name and name not in dataset.column_names:
+        raise ValueError(
+            f"Dataset {path!r} has no column {name!r} (set data.{key}); its"
+            f" columns: {dataset.column_names}.")
+    if self.extra_field:
+      return dataset.data.table.select([self.field, self.extra_field])
     return dataset.data.column(self.field)
 
   def __len__(self) -> int:
@@ -352,12 +366,16 @@ class ArrowRecords:
     column = self._columns.get(i)
     if column is None:
       column = self._columns[i] = self._column(self.paths[i])
+    if self.extra_field:
+      return column.slice(row, 1).to_pylist()[0]
     return column[row].as_py()
 
 
 def make_file_source(kind: str, patterns: str | Sequence[str], *,
-                     text_field: str, text_unit: str):
-  """The record source of `kind` over the files matching `patterns`.
+                     text_field: str, text_unit: str, image_field: str = ""):
+  """The record source of `kind` over the files matching `patterns`
+  (Parquet and Arrow rows with `image_field`: {text_field, image_field}
+  dicts).
 
   Raises:
     ValueError: `kind` or `text_unit` is unknown, or the files lack
@@ -375,7 +393,7 @@ def make_file_source(kind: str, patterns: str | Sequence[str], *,
   if kind == "jsonl":
     return _byte_records(paths, "json", "line")
   if kind == "parquet":
-    return ParquetRecords(paths, text_field)
+    return ParquetRecords(paths, text_field, image_field)
   if kind == "arrayrecord":
     return ArrayRecordRecords(paths)
-  return ArrowRecords(paths, text_field)
+  return ArrowRecords(paths, text_field, image_field)

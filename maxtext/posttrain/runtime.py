@@ -5,7 +5,9 @@ Tunix reads the mesh from the legacy `with mesh:` context, our code from
 `jax.set_mesh`; `Runtime.activate()` enters both. Tunix's metrics
 (`jax.monitoring` events "<prefix>/<mode>/<name>") are written through our
 writers (`maxtext.metrics.writers`: the log, <workdir>/metrics.jsonl and
-TensorBoard) as `train/<name>` and `eval/<name>`, one line per update.
+TensorBoard) as `train/<name>` and `eval/<name>`, one line per update;
+runs that give a `hooks.Throughput` (sft) add `perf/*` (step time, tokens/s,
+MFU) as pre-training does.
 """
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -13,6 +15,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import time
 from typing import Any
 
 from absl import app
@@ -37,6 +40,7 @@ from maxtext.posttrain import base_model
 from maxtext.posttrain.config import PosttrainConfig
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
+from maxtext.trainers import hooks
 from maxtext.trainers import preemption
 
 TUNIX_CHECKPOINT_DIRNAME = "tunix_checkpoints"
@@ -52,10 +56,15 @@ class MetricsBackend:
   "/eval/..." events are written. Closing it unregisters it.
   """
 
-  def __init__(self, writer: writers_lib.MetricWriter):
+  def __init__(self, writer: writers_lib.MetricWriter,
+               throughput: hooks.Throughput | None = None):
+    """`throughput`: also write `perf/*` (step time, tokens/s, MFU) with
+    each update's metrics, timed between updates (none for the first)."""
     self.writer = writer
+    self.throughput = throughput
     self._step = None
-    self._metrics: dict[str, float] = {}
+    self._metrics: dict[str, float | None] = {}
+    self._timed = None  # (step, time) of the last update's metrics.
 
   def log_scalar(self, event: str, value: Any, *, step: int | None = None,
                  **kwargs) -> None:
@@ -70,6 +79,12 @@ class MetricsBackend:
 
   def _flush(self) -> None:
     if self._metrics:
+      if self.throughput is not None and "train/loss" in self._metrics:
+        now = time.perf_counter()
+        if self._timed is not None and self._step > self._timed[0]:
+          self._metrics.update(self.throughput.metrics(
+              (now - self._timed[1]) / (self._step - self._timed[0])))
+        self._timed = (self._step, now)
       self.writer.write(int(self._step), self._metrics)
     self._metrics = {}
 
@@ -186,16 +201,19 @@ def make_optimizer(config: PosttrainConfig) -> optax.GradientTransformation:
 def training_config(config: PosttrainConfig, workdir: str,
                     runtime: Runtime, length: int,
                     cls: type[Any] = peft_trainer.TrainingConfig,
+                    throughput: hooks.Throughput | None = None,
                     **fields) -> Any:
   """Tunix's training config (`cls`, a `peft_trainer.TrainingConfig`) of a
-  run: steps, accumulation, evaluation, checkpoints and metrics."""
+  run: steps, accumulation, evaluation, checkpoints and metrics (with
+  `throughput`, `perf/*` too: `MetricsBackend`)."""
   train = config.train
   writer = writers_lib.make_writers(
       workdir, tensorboard=config.logging.tensorboard,
       is_main_process=jax.process_index() == 0)
   metrics = tunix_metrics.MetricsLoggerOptions(
       log_dir=workdir,
-      backend_kwargs={"custom_backend": [lambda: MetricsBackend(writer)]})
+      backend_kwargs={"custom_backend": [
+          lambda: MetricsBackend(writer, throughput)]})
   every = train.checkpoint_every_steps or train.steps
   return cls(
       eval_every_n_steps=config.data.eval_every_steps or train.steps + 1,

@@ -38,21 +38,24 @@ import os
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 from tunix.sft import peft_trainer
 
+from maxtext.common.model_config import ModelConfig
 from maxtext.data import images as images_lib
 from maxtext.data import pipeline
-from maxtext.common.model_config import ModelConfig
 from maxtext.data.data_config import DataConfig
+from maxtext.metrics import flops
 from maxtext.models import registry
 from maxtext.posttrain import base_model
 from maxtext.posttrain import dpo
 from maxtext.posttrain import rows as rows_lib
 from maxtext.posttrain import runtime as runtime_lib
 from maxtext.posttrain.config import PosttrainConfig
+from maxtext.trainers import hooks
 from maxtext.trainers import train_step
 
 SFT_DATA_DIRNAME = "sft_data"
@@ -170,6 +173,22 @@ def image_inputs(loaded: base_model.LoadedModel,
       functools.partial(family.image_prompt_ids, vision))
 
 
+def throughput(config: PosttrainConfig, cfg: ModelConfig, data: DataConfig,
+               num_devices: int) -> hooks.Throughput:
+  """What turns sft's step time into tokens/s and MFU: the training FLOPs of
+  a step's tokens and, for a vision-language model, of its image slots in
+  the tower (`flops.vision_flops_per_image`), per token."""
+  rows = config.train.batch_size
+  tokens = rows * data.seq_len
+  image_flops = rows * data.images_per_row * flops.vision_flops_per_image(
+      cfg, trained=trains_vision(config, cfg))
+  return hooks.Throughput(
+      tokens_per_step=tokens, num_devices=num_devices,
+      flops_per_token=(flops.training_flops_per_token(cfg, data.seq_len) +
+                       image_flops / tokens),
+      peak_flops_per_device=flops.peak_flops_per_device())
+
+
 def trains_vision(config: PosttrainConfig, cfg: ModelConfig) -> bool:
   """Whether the run trains `cfg`'s vision tower (full fine-tuning with
   `sft.train_vision`)."""
@@ -191,16 +210,21 @@ def make_optimizer(config: PosttrainConfig,
 def frozen_vision(optimizer: optax.GradientTransformation
                   ) -> optax.GradientTransformation:
   """`optimizer` that leaves the vision tower's parameters (those under a
-  `vision` module) as they are: zero updates, no optimizer state."""
+  `vision` module) as they are: their gradients are zeroed before it (its
+  moments stay zero) and their updates after it (no weight decay). Its
+  state keeps the whole parameter tree, so a run resumes from its
+  checkpoints like any other."""
 
-  def labels(params):
+  def zero_vision(updates, state, params=None):
+    del params
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: "frozen" if any(
+        lambda path, update: jnp.zeros_like(update) if any(
             getattr(key, "key", getattr(key, "name", None)) == "vision"
-            for key in path) else "trained", params)
+            for key in path) else update, updates), state
 
-  return optax.multi_transform({"trained": optimizer,
-                                "frozen": optax.set_to_zero()}, labels)
+  frozen = optax.GradientTransformation(lambda params: optax.EmptyState(),
+                                        zero_vision)
+  return optax.chain(frozen, optimizer, frozen)
 
 
 def run_sft(config: PosttrainConfig,
@@ -220,7 +244,10 @@ def run_sft(config: PosttrainConfig,
         data, batch_size=rows, vocab_size=vocab_size, image_inputs=images)
     trainer = peft_trainer.PeftTrainer(
         loaded.model, optimizer,
-        runtime_lib.training_config(config, workdir, runtime, data.seq_len))
+        runtime_lib.training_config(
+            config, workdir, runtime, data.seq_len,
+            throughput=throughput(config, loaded.cfg, data,
+                                  runtime.mesh.size)))
     trainer.with_loss_fn(sft_loss)
     eval_data = (EvalBatches(data, rows, vocab_size, images)
                  if data.eval_every_steps else None)

@@ -1,12 +1,15 @@
 """Vision-language SFT (`configs/sft_vlm.py`) of a tiny Gemma 3 model on the
 bundled caption set: the loss falls, the trained model reads the images
 (shuffled or blank pictures cost it clearly more), the tower stays frozen,
-a resumed run equals an uninterrupted one, LoRA trains too, and the export
-loads in transformers with the same logits."""
+throughput and MFU count its FLOPs, a resumed run equals an uninterrupted
+one (full and LoRA), and the export loads in transformers with the same
+logits."""
 
 import os
+import tempfile
 
 from absl.testing import absltest
+from absl.testing import parameterized
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -21,6 +24,7 @@ from maxtext.checkpoint import params_checkpoint
 from maxtext.data import caption_task
 from maxtext.data import images
 from maxtext.data import pipeline
+from maxtext.metrics import flops
 from maxtext.metrics import writers
 from maxtext.posttrain import adapter
 from maxtext.posttrain import base_model
@@ -48,12 +52,12 @@ def _config(folder, ckpt, captions, steps, variant="gemma3"):
   return config
 
 
-class SftVisionLanguageTest(absltest.TestCase):
+class SftVisionLanguageTest(parameterized.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.folder = absltest.get_default_test_tmpdir()
+    cls.folder = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
     cls.ckpt = pt.write_checkpoint(cls.folder, "gemma3_vlm")
     cls.captions = os.path.join(cls.folder, "captions")
     caption_task.write(cls.captions, 96, seed=0)
@@ -98,6 +102,15 @@ class SftVisionLanguageTest(absltest.TestCase):
     print(f"VLM SFT: train/loss {first:.3f} -> {last:.3f}; eval before "
           f"{before}, after {after}")
     self.assertLess(last, first / 4)
+    # Throughput and MFU count the tower's FLOPs (forward: it is frozen).
+    cfg = params_checkpoint.load_params(self.ckpt)[0]
+    per_token = (flops.training_flops_per_token(cfg, 32) + 8 * 2 *
+                 flops.vision_flops_per_image(cfg, trained=False) / (8 * 32))
+    perf = metrics[_STEPS]
+    self.assertAlmostEqual(
+        perf["perf/tflops_per_s_per_device"] * 1e12 /
+        perf["perf/tokens_per_s_per_device"], per_token, delta=1e-3)
+    self.assertIn("perf/mfu", perf)  # n/a (None) on a CPU.
     self.assertLess(after["true"], before["true"] / 4)
     # What it learned comes from the pictures.
     self.assertGreater(after["shuffled"], after["true"] + 0.3)
@@ -136,18 +149,19 @@ class SftVisionLanguageTest(absltest.TestCase):
               tokens == ids["image_token_index"]).long()).logits.numpy()
     np.testing.assert_allclose(np.asarray(logits), want, atol=1e-4)
 
-  def test_resumed_run_equals_uninterrupted(self):
+  @parameterized.parameters("gemma3", "gemma3_lora")
+  def test_resumed_run_equals_uninterrupted(self, variant):
     def config(steps):
-      c = _config(self.folder, self.ckpt, self.captions, steps,
-                  "gemma3_lora")
+      c = _config(self.folder, self.ckpt, self.captions, steps, variant)
       c.optimizer.end_learning_rate_ratio = 1.0  # Constant: any run length.
       return c
 
-    straight = sft.run(config(4), os.path.join(self.folder, "straight"))
-    sft.run(config(2), os.path.join(self.folder, "resumed"))
-    resumed = sft.run(config(4), os.path.join(self.folder, "resumed"))
+    folder = self.create_tempdir().full_path
+    straight = sft.run(config(4), os.path.join(folder, "straight"))
+    sft.run(config(2), os.path.join(folder, "resumed"))
+    resumed = sft.run(config(4), os.path.join(folder, "resumed"))
     self.assertEqual(resumed.trainer.train_steps, 4)
-    got, want = (writers.read_jsonl(os.path.join(self.folder, name,
+    got, want = (writers.read_jsonl(os.path.join(folder, name,
                                                  "metrics.jsonl"))
                  for name in ("resumed", "straight"))
     for step in (1, 2, 3, 4):  # The same batches, images included.
