@@ -64,12 +64,18 @@ class AotCompileTest(absltest.TestCase):
     self.assertIn("Collectives: ", out)
 
   def test_tpu_compiles_layer_kinds_in_groups_with_full_remat(self):
-    """Gemma 4's small model (two local layers and a global one, twice: two
-    groups of each kind) with full remat: libtpu aborted on the gradients of
-    the strided slices the layer scan once took of each kind's stack."""
+    """Gemma 4's small model's layers (two local layers and a global one,
+    twice: two groups of each kind, each kind its own head size), shrunk,
+    with full remat: libtpu aborted on the gradients of the strided slices
+    the layer scan once took of each kind's stack."""
     config = (f"--config={os.path.join(_ROOT, 'configs', 'gemma4.py')}",
+              "--config.model.vocab_size=512", "--config.model.embed_dim=64",
+              "--config.model.mlp_dim=128", "--config.model.num_heads=2",
+              "--config.model.num_kv_heads=1", "--config.model.head_dim=16",
+              "--config.model.global_head_dim=32",
+              "--config.model.sliding_window=16",
               "--config.remat.policy=full", "--config.data.source=synthetic",
-              "--config.data.seq_len=256", "--config.train.batch_size=4",
+              "--config.data.seq_len=64", "--config.train.batch_size=4",
               "--config.mesh.ici.data=1", "--config.mesh.ici.fsdp=-1")
     result = _run("--topology=v5e:2x2", config=config)
     self.assertEqual(result.returncode, 0, result.stderr[-2000:])
