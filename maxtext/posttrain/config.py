@@ -325,6 +325,10 @@ class PosttrainConfig:
     if built["optimizer"].z_loss:
       raise ValueError("optimizer.z_loss must be 0 in post-training (the"
                        " Tunix losses have no z-loss term).")
+    if method != "sft" and built["data"].images_per_row:
+      raise ValueError(
+          f"data.images_per_row={built['data'].images_per_row}: train.method"
+          f"={method!r} reads no images yet; only 'sft' does (use 0).")
     return cls(**built)
 
   @property

@@ -1,5 +1,6 @@
 """Tests the post-training configs: every variant of configs/sft.py,
-dpo.py and distill.py builds, and bad keys and values are named."""
+sft_vlm.py, dpo.py and distill.py builds, and bad keys and values are
+named."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -7,12 +8,14 @@ from absl.testing import parameterized
 from configs import distill as distill_config
 from configs import dpo as dpo_config
 from configs import sft as sft_config
+from configs import sft_vlm as sft_vlm_config
 from maxtext.posttrain import lora
 from maxtext.posttrain import config as config_lib
 from maxtext.posttrain.config import PosttrainConfig
 from testing import config_checks
 
 _VARIANTS = ([(sft_config, v) for v in sft_config.VARIANTS] +
+             [(sft_vlm_config, v) for v in sft_vlm_config.VARIANTS] +
              [(dpo_config, v) for v in dpo_config.VARIANTS] +
              [(distill_config, None)])
 
@@ -36,8 +39,8 @@ class ConfigTest(parameterized.TestCase):
     self.assertEqual(built.sft is not None, method in ("sft", "distill"))
     self.assertEqual(built.dpo is not None, method in ("dpo", "orpo"))
     self.assertEqual(built.distill is not None, method == "distill")
-    if variant in ("lora", "qlora", "smollm2"):
-      self.assertEqual(built.lora.mode, "qlora" if variant == "qlora" else
+    if variant in ("lora", "qlora", "smollm2", "gemma3_lora", "gemma3_qlora"):
+      self.assertEqual(built.lora.mode, "qlora" if "qlora" in variant else
                        "lora")
 
   @parameterized.parameters((sft_config, "lora"), (distill_config, None))
@@ -72,6 +75,11 @@ class ConfigTest(parameterized.TestCase):
     config = _loadable(distill_config, None)
     config.distill.feature_layers = ((1,),)
     with self.assertRaisesRegex(ValueError, "must be pairs"):
+      PosttrainConfig.from_config_dict(config)
+    config = _loadable(distill_config, None)
+    config.data.images_per_row = 1
+    with self.assertRaisesRegex(ValueError, "images_per_row=1: train.method="
+                                "'distill' reads no images"):
       PosttrainConfig.from_config_dict(config)
     config = _loadable(sft_config, None)
     config.train.microbatches = 3
