@@ -23,7 +23,6 @@ from maxtext.aot import compile_tunix
 from maxtext.aot import topology as topology_lib
 from maxtext.data import packing
 from maxtext.data import pipeline
-from maxtext.metrics import flops
 from maxtext.posttrain import adapter
 from maxtext.posttrain import runtime as runtime_lib
 from maxtext.posttrain import sft
@@ -48,7 +47,6 @@ def compile_sft_step(config: PosttrainConfig,
   model_cfg = compile_tunix.checkpoint_model_config(config.train.load)
   batch = {key: jax.ShapeDtypeStruct((rows, seq_len), jnp.int32)
            for key in pipeline.MODEL_KEYS}
-  image_flops = 0.0
   per_row = config.data.images_per_row
   if per_row:
     if not model_cfg.vision.layers:
@@ -58,11 +56,9 @@ def compile_sft_step(config: PosttrainConfig,
     side = model_cfg.vision.image_size
     batch[packing.IMAGES] = jax.ShapeDtypeStruct(
         (rows, per_row, side, side, 3), jnp.float32)
-    image_flops = rows * per_row * flops.vision_flops_per_image(
-        model_cfg, trained=sft.trains_vision(config, model_cfg))
   return compile_tunix.compile_tunix_step(
       config, hardware, runtime, model_cfg=model_cfg,
       model_cls=adapter.TunixModel, loss_fn=sft.sft_loss, has_aux=False,
       gen_model_input_fn=lambda inputs: inputs, batch=batch, rows=rows,
       seq_len=seq_len, tx=sft.make_optimizer(config, model_cfg),
-      image_flops=image_flops)
+      image_flops=sft.image_flops(config, model_cfg, rows))

@@ -35,26 +35,38 @@ def _write_word_tokenizer(folder: str) -> None:
   tokenizer.save(os.path.join(folder, "tokenizer.json"))
 
 
-class DecodeBinaryTest(absltest.TestCase):
+class _DecodeTestCase(absltest.TestCase):
+  """Runs the binary as `bazel run` from a folder holding a tiny Hugging
+  Face model (`hf/`) and its conversion (`ours/`)."""
 
-  def setUp(self):
-    super().setUp()
+  max_new_tokens = 8
+
+  def _convert(self, hf_model, *, word_tokenizer: bool = False) -> None:
     self.user_dir = self.create_tempdir().full_path
-    self.hf_model = hf_tiny_models.tiny_hf_model("llama3")
+    self.hf_model = hf_model
     hf_dir = os.path.join(self.user_dir, "hf")
-    self.hf_model.save_pretrained(hf_dir)
-    _write_word_tokenizer(hf_dir)
+    hf_model.save_pretrained(hf_dir)
+    if word_tokenizer:
+      _write_word_tokenizer(hf_dir)
     hf_convert.hf_to_orbax(hf_dir, os.path.join(self.user_dir, "ours"))
     self.enter_context(mock.patch.dict(
         os.environ, {"BUILD_WORKING_DIRECTORY": self.user_dir}))
 
   def _run(self, **flag_values) -> str:
     stdout = io.StringIO()
-    with flagsaver.flagsaver(**{"checkpoint": "ours", "max_new_tokens": 8,
+    with flagsaver.flagsaver(**{"checkpoint": "ours",
+                                "max_new_tokens": self.max_new_tokens,
                                 **flag_values}):
       with contextlib.redirect_stdout(stdout):
         decode.main(["decode"])
     return stdout.getvalue()
+
+
+class DecodeBinaryTest(_DecodeTestCase):
+
+  def setUp(self):
+    super().setUp()
+    self._convert(hf_tiny_models.tiny_hf_model("llama3"), word_tokenizer=True)
 
   def test_prompt_ids_dump_logits_and_greedy(self):
     printed = self._run(prompt_ids=[str(i) for i in _IDS],
@@ -133,17 +145,15 @@ class DecodeBinaryTest(absltest.TestCase):
       self._run()
 
 
-class DecodeImagesTest(absltest.TestCase):
+class DecodeImagesTest(_DecodeTestCase):
   """--image with --prompt_ids on a converted tiny Gemma 3 vision-language
   model: logits and greedy tokens equal transformers'."""
 
+  max_new_tokens = 6
+
   def setUp(self):
     super().setUp()
-    self.user_dir = self.create_tempdir().full_path
-    self.hf_model = hf_tiny_models.tiny_gemma3_vlm()
-    hf_dir = os.path.join(self.user_dir, "hf")
-    self.hf_model.save_pretrained(hf_dir)
-    hf_convert.hf_to_orbax(hf_dir, os.path.join(self.user_dir, "ours"))
+    self._convert(hf_tiny_models.tiny_gemma3_vlm())
     ids = hf_tiny_models.GEMMA3_VLM_IDS
     image = [ids["boi_token_index"]] + [ids["image_token_index"]] * 4 + [
         ids["eoi_token_index"]]
@@ -155,16 +165,6 @@ class DecodeImagesTest(absltest.TestCase):
       Image.fromarray(rng.integers(0, 256, (40 + 9 * i, 31, 3),
                                    dtype=np.uint8)).save(path)
       self.images.append(f"image{i}.png")
-    self.enter_context(mock.patch.dict(
-        os.environ, {"BUILD_WORKING_DIRECTORY": self.user_dir}))
-
-  def _run(self, **flag_values) -> str:
-    stdout = io.StringIO()
-    with flagsaver.flagsaver(**{"checkpoint": "ours", "max_new_tokens": 6,
-                                **flag_values}):
-      with contextlib.redirect_stdout(stdout):
-        decode.main(["decode"])
-    return stdout.getvalue()
 
   def test_prompt_ids_with_images(self):
     printed = self._run(prompt_ids=[str(i) for i in self.ids],

@@ -359,31 +359,32 @@ class ChatEncoder:
           "the conversation has an image part, and images are off "
           "(data.images_per_row=0, or a model without a vision tower)")
     ids, weights, in_content = [], [], False
+
+    def add(tokens, weight):
+      ids.extend(tokens)
+      weights.extend([weight] * len(tokens))
+
     for text, is_assistant in marked:
-      piece, markup = [], ""
+      markup = ""
       for part in re.split(f"([{_CONTENT_START}{_CONTENT_END}{_IMAGE}])",
                            text):
         if part in (_CONTENT_START, _CONTENT_END):
           in_content = part == _CONTENT_START
           continue
-        if part == _IMAGE:  # Never trained on.
-          piece += self._encode(markup)
-          ids += piece
-          weights += [int(is_assistant)] * len(piece)
-          ids += self.image_ids
-          weights += [0] * len(self.image_ids)
-          piece, markup = [], ""
+        if part == _IMAGE:
+          add(self._encode(markup), int(is_assistant))
+          add(self.image_ids, 0)  # Never trained on.
+          markup = ""
           continue
         if not in_content or self._literal_re is None:
           markup += part
           continue
         for i, chunk in enumerate(self._literal_re.split(part)):
           if i % 2:  # A special token's text typed in the content.
-            piece += self._encode(markup) + self.tokenizer.encode(chunk)
+            add(self._encode(markup) + self.tokenizer.encode(chunk),
+                int(is_assistant))
             markup = ""
           else:
             markup += chunk
-      piece += self._encode(markup)
-      ids += piece
-      weights += [int(is_assistant)] * len(piece)
+      add(self._encode(markup), int(is_assistant))
     return ids, weights

@@ -18,6 +18,7 @@ from pyarrow import parquet
 from maxtext.data import images
 from maxtext.data import packing
 from maxtext.data import pipeline
+from maxtext.data import records
 from maxtext.data.data_config import DataConfig
 
 _START, _PLACEHOLDER, _END = 7, 8, 9
@@ -116,7 +117,7 @@ class ImagePipelineTest(parameterized.TestCase):
         tokens, rids = batch["inputs"][row], batch["record_ids"][row]
         want = []
         for i in np.unique(rids[rids >= 0]):  # Records in row order.
-          record = int(i) & ((1 << 40) - 1)
+          _, record = records.split_record_id(int(i))
           self.assertLess(record, 24)  # No bad record got in.
           count = int(np.sum((tokens == _PLACEHOLDER) & (rids == i)))
           # Every image whole: a row never cuts a document with images.
@@ -194,7 +195,7 @@ class ImagePipelineTest(parameterized.TestCase):
     for _ in range(6):
       batch = next(data)
       for row in range(2):
-        record = int(batch["record_ids"][row][0]) & ((1 << 40) - 1)
+        _, record = records.split_record_id(int(batch["record_ids"][row][0]))
         want = expected[record]
         for k, pixels in enumerate(want):
           np.testing.assert_array_equal(batch["images"][row][k], pixels)

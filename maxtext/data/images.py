@@ -38,6 +38,7 @@ import numpy as np
 from PIL import Image
 
 from maxtext.common import json_file
+from maxtext.common import sections
 from maxtext.layers import vision
 
 # transformers' image preprocessing settings, kept in a checkpoint folder.
@@ -76,12 +77,8 @@ class ImageSettings:
 
   def __post_init__(self):
     for name in ("height", "width"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Image {name}={value!r} must be a positive integer.")
-    if self.resample not in RESAMPLE_FILTERS:
-      raise ValueError(f"Image resample={self.resample!r} is invalid; valid: "
-                       f"{RESAMPLE_FILTERS}.")
+      sections.check_int(f"image {name}", getattr(self, name), minimum=1)
+    sections.check_choice("image resample", self.resample, RESAMPLE_FILTERS)
     if len(self.mean) != 3 or len(self.std) != 3 or not all(
         s > 0 for s in self.std):
       raise ValueError(f"Image mean={self.mean} and std={self.std} need 3 "

@@ -134,13 +134,14 @@ class Block(nnx.Module):
     kv = inputs.kv
     if store_kv and cache is None:
       kv = self.attention.keys_values(h_BLD, rotary)
-    # Only GQA layers share keys and values (MLA takes no `kv`).
-    shared = {} if kv is None else {"kv": kv}
-    if image_blocks_BL is not None:  # Only GQA layers take images' blocks.
-      shared["image_blocks_BL"] = image_blocks_BL
+    # Only GQA layers share keys and values or take image blocks (MLA takes
+    # neither: `model_checks`).
+    gqa_only = {} if kv is None else {"kv": kv}
+    if image_blocks_BL is not None:
+      gqa_only["image_blocks_BL"] = image_blocks_BL
     h_BLD = self.attention(h_BLD, rotary, window=window, chunk=chunk,
                            segment_ids_BL=segment_ids_BL, cache=cache,
-                           positions_BL=positions_BL, **shared)
+                           positions_BL=positions_BL, **gqa_only)
     if cache is not None:
       h_BLD, cache = h_BLD
     if self.post_attention_norm is not None:

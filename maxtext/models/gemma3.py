@@ -35,7 +35,8 @@ HF_BLOCK_PARAMS = (hf_params.COMMON_BLOCK_PARAMS + hf_params.QK_NORMS +
 # The tower and the projector of the vision-language model.
 HF_VISION_PARAMS = hf_params.SIGLIP_PARAMS + (
     hf_params.ParamMap(("projector", "projection", "kernel"),
-                       "model.multi_modal_projector.mm_input_projection_weight"),
+                       "model.multi_modal_projector."
+                       "mm_input_projection_weight"),
     hf_params.ParamMap(("projector", "norm", "scale"),
                        "model.multi_modal_projector.mm_soft_emb_norm.weight"),
 )
@@ -103,11 +104,29 @@ _HF_MULTIMODAL_DEFAULTS = {"mm_tokens_per_image": 256,
                            "eoi_token_index": 256_000}
 _VISION_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh",
                        "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
+# Our `model` key -> its `vision_config` key, and -> its `Gemma3Config` key:
+# the one statement of the mapping, both ways.
+_VISION_KEYS = {
+    "vision_layers": "num_hidden_layers", "vision_embed_dim": "hidden_size",
+    "vision_mlp_dim": "intermediate_size",
+    "vision_heads": "num_attention_heads", "vision_patch_size": "patch_size",
+    "vision_image_size": "image_size", "vision_norm_eps": "layer_norm_eps"}
+_MULTIMODAL_KEYS = {"mm_tokens_per_image": "mm_tokens_per_image",
+                    "image_token_id": "image_token_index",
+                    "image_start_id": "boi_token_index",
+                    "image_end_id": "eoi_token_index"}
+# transformers' attribute names of those ids, which a config may hold too.
+_HF_ID_ALIASES = {"image_token_index": "image_token_id",
+                  "boi_token_index": "boi_token_id",
+                  "eoi_token_index": "eoi_token_id"}
 
 
 def _vision_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
   """`ModelConfig` vision fields of a `Gemma3Config` dict."""
   hf = {**_HF_MULTIMODAL_DEFAULTS, **hf_config}
+  for index, alias in _HF_ID_ALIASES.items():
+    if alias in hf:
+      hf[index] = hf[alias]
   vision = {**_HF_VISION_DEFAULTS, **(hf.get("vision_config") or {})}
   activation = vision["hidden_act"]
   if activation not in _VISION_ACTIVATIONS or vision["num_channels"] != 3:
@@ -115,19 +134,9 @@ def _vision_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
         f"Unsupported Gemma 3 vision_config (hidden_act={activation!r}, "
         f"num_channels={vision['num_channels']}); supported: hidden_act in "
         f"{sorted(_VISION_ACTIVATIONS)}, num_channels 3.")
-  return dict(
-      vision_layers=vision["num_hidden_layers"],
-      vision_embed_dim=vision["hidden_size"],
-      vision_mlp_dim=vision["intermediate_size"],
-      vision_heads=vision["num_attention_heads"],
-      vision_patch_size=vision["patch_size"],
-      vision_image_size=vision["image_size"],
-      vision_norm_eps=vision["layer_norm_eps"],
-      vision_activation=_VISION_ACTIVATIONS[activation],
-      mm_tokens_per_image=hf["mm_tokens_per_image"],
-      image_token_id=hf.get("image_token_id", hf["image_token_index"]),
-      image_start_id=hf.get("boi_token_id", hf["boi_token_index"]),
-      image_end_id=hf.get("eoi_token_id", hf["eoi_token_index"]))
+  return {**{ours: vision[key] for ours, key in _VISION_KEYS.items()},
+          **{ours: hf[key] for ours, key in _MULTIMODAL_KEYS.items()},
+          "vision_activation": _VISION_ACTIVATIONS[activation]}
 
 
 # SigLIP's attention-pooling head, which a tower without
@@ -204,32 +213,21 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   `rope_parameters` has one entry per layer type (transformers >= 5).
   """
   text = _hf_text_config(cfg)
-  vision = cfg.vision
-  if not vision.layers:
+  if not cfg.vision.layers:
     return text
+  values = cfg.to_dict()
+  activation = {"gelu_tanh": "gelu_pytorch_tanh"}.get(
+      cfg.vision.activation, cfg.vision.activation)
   return {
       "model_type": HF_MULTIMODAL_MODEL_TYPE,
       "architectures": [HF_MULTIMODAL_ARCHITECTURE],
       "text_config": {key: value for key, value in text.items()
                       if key != "architectures"},
       "vision_config": {
-          "model_type": "siglip_vision_model",
-          "hidden_size": vision.embed_dim,
-          "intermediate_size": vision.mlp_dim,
-          "num_hidden_layers": vision.layers,
-          "num_attention_heads": vision.num_heads,
-          "num_channels": 3,
-          "image_size": vision.image_size,
-          "patch_size": vision.patch_size,
-          "hidden_act": ("gelu_pytorch_tanh" if vision.activation ==
-                         "gelu_tanh" else vision.activation),
-          "layer_norm_eps": vision.norm_eps,
-          "vision_use_head": False,
-      },
-      "mm_tokens_per_image": vision.tokens_per_image,
-      "image_token_index": vision.image_token_id,
-      "boi_token_index": vision.image_start_id,
-      "eoi_token_index": vision.image_end_id,
+          "model_type": "siglip_vision_model", "num_channels": 3,
+          "hidden_act": activation, "vision_use_head": False,
+          **{key: values[ours] for ours, key in _VISION_KEYS.items()}},
+      **{key: values[ours] for ours, key in _MULTIMODAL_KEYS.items()},
       "tie_word_embeddings": cfg.tie_embeddings,
       "dtype": text.get("dtype"),
   }

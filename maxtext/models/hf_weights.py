@@ -133,16 +133,18 @@ _LANGUAGE_MODEL_PREFIXES = (
     ("model.language_model.", "model."),
     ("language_model.", ""),
 )
-# Prefixes of its vision weights -> those of transformers 5's modules (the
-# first two are those; the others are how checkpoints store them: before
-# 4.52, and SigLIP's `vision_model` wrapper before 5).
+# transformers 5's modules of a multimodal model's vision weights: the names
+# our mappings use.
+_TOWER, _PROJECTOR = "model.vision_tower.", "model.multi_modal_projector."
+# Prefixes of those weights -> ours: our own, and how checkpoints store them
+# (before 4.52 without "model.", and SigLIP's `vision_model` level before 5).
 _VISION_PREFIXES = (
-    ("model.vision_tower.vision_model.", "model.vision_tower."),
-    ("model.vision_tower.", "model.vision_tower."),
-    ("model.multi_modal_projector.", "model.multi_modal_projector."),
-    ("vision_tower.vision_model.", "model.vision_tower."),
-    ("vision_tower.", "model.vision_tower."),
-    ("multi_modal_projector.", "model.multi_modal_projector."),
+    (_TOWER + "vision_model.", _TOWER),
+    (_TOWER, _TOWER),
+    (_PROJECTOR, _PROJECTOR),
+    ("vision_tower.vision_model.", _TOWER),
+    ("vision_tower.", _TOWER),
+    ("multi_modal_projector.", _PROJECTOR),
 )
 
 
@@ -193,9 +195,8 @@ def hf_name(model: nnx.Module, name: str) -> str:
   `language_model.lm_head.*`, `vision_tower.*`, `multi_modal_projector.*`)."""
   if getattr(model, "vision", None) is None:
     return name
-  for prefix in ("model.vision_tower.", "model.multi_modal_projector."):
-    if name.startswith(prefix):
-      return name[len("model."):]
+  if name.startswith((_TOWER, _PROJECTOR)):
+    return name[len("model."):]
   return "language_model." + name
 
 

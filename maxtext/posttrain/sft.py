@@ -180,13 +180,20 @@ def throughput(config: PosttrainConfig, cfg: ModelConfig, data: DataConfig,
   the tower (`flops.vision_flops_per_image`), per token."""
   rows = config.train.batch_size
   tokens = rows * data.seq_len
-  image_flops = rows * data.images_per_row * flops.vision_flops_per_image(
-      cfg, trained=trains_vision(config, cfg))
   return hooks.Throughput(
       tokens_per_step=tokens, num_devices=num_devices,
       flops_per_token=(flops.training_flops_per_token(cfg, data.seq_len) +
-                       image_flops / tokens),
+                       image_flops(config, cfg, rows) / tokens),
       peak_flops_per_device=flops.peak_flops_per_device())
+
+
+def image_flops(config: PosttrainConfig, cfg: ModelConfig,
+                rows: int) -> float:
+  """FLOPs of `rows` rows' image slots (`data.images_per_row` each) in
+  `cfg`'s vision tower, forward only when the run keeps it frozen (0
+  without slots)."""
+  return rows * config.data.images_per_row * flops.vision_flops_per_image(
+      cfg, trained=trains_vision(config, cfg))
 
 
 def trains_vision(config: PosttrainConfig, cfg: ModelConfig) -> bool:
@@ -202,7 +209,7 @@ def make_optimizer(config: PosttrainConfig,
   frozen where the run fully fine-tunes a tower it does not train."""
   optimizer = runtime_lib.make_optimizer(config)
   if (cfg.vision.layers and config.lora.mode == "full" and
-      not trains_vision(config, cfg)):
+      not config.sft.train_vision):
     optimizer = frozen_vision(optimizer)
   return optimizer
 

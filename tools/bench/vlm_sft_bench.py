@@ -125,16 +125,16 @@ def main(argv: list[str]) -> None:
   print(f"{'text only (no images)':<28}{text:>9.3f}{'-':>10}"
         f"{rows * length / text:>10.0f}{'-':>13}{'-':>10}")
   text_flops = flops.training_flops_per_token(cfg, length) * rows * length
-  frozen_step = None
-  for frozen in (True, False):
-    step = _step_time(cfg, batch, frozen=frozen, images=True)
-    image_flops = rows * flops.vision_flops_per_image(cfg,
-                                                      trained=not frozen)
-    # Frozen: the tower's forward; trained: that plus what training it
-    # adds to the frozen step.
-    frozen_step = frozen_step or step
-    measured = (tower + step - frozen_step) / step
-    name = f"with images, tower {'frozen' if frozen else 'trained'}"
+  frozen = _step_time(cfg, batch, frozen=True, images=True)
+  trained = _step_time(cfg, batch, frozen=False, images=True)
+  # Frozen: the tower's forward; trained: that plus what training it adds
+  # to the frozen step.
+  for name, step, tower_s, trains in (
+      ("with images, tower frozen", frozen, tower, False),
+      ("with images, tower trained", trained, tower + trained - frozen,
+       True)):
+    image_flops = rows * flops.vision_flops_per_image(cfg, trained=trains)
+    measured = tower_s / step
     print(f"{name:<28}{step:>9.3f}{rows / step:>10.1f}"
           f"{rows * length / step:>10.0f}{measured:>12.0%} "
           f"{image_flops / (image_flops + text_flops):>9.0%}")

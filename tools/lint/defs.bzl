@@ -2,8 +2,10 @@
 and its `build_file`, the data of //tools/lint:api_test."""
 
 def py_srcs(name = "py_srcs"):
-    """Declares `name`: the package's library modules (tests excluded), and
-    `build_file`: its BUILD.bazel.
+    """Declares the package's library modules and its BUILD file.
+
+    `name` holds the library modules (tests excluded), `build_file` the
+    BUILD.bazel.
 
     Args:
       name: The filegroup's name; the lint test's data names `py_srcs`.
