@@ -14,7 +14,6 @@ from maxtext.common.model_config import ModelConfig
 from maxtext.kernels import dispatch
 from maxtext.models import execution
 from maxtext.models import hf_weights
-from maxtext.models import registry
 
 
 def random_hf_model(model_class, hf_config, *, norm_mean: float,
@@ -61,9 +60,7 @@ def assert_round_trip(hf_model: torch.nn.Module, cfg: ModelConfig,
   if cfg.tie_embeddings:
     np.testing.assert_array_equal(want.pop("lm_head.weight"),
                                   want["model.embed_tokens.weight"])
-  model = registry.create_model(cfg, rngs=nnx.Rngs(0))
-  hf_weights.load_hf_weights(model, want)
-  got = hf_weights.to_hf_weights(model)
+  got = hf_weights.to_hf_weights(hf_weights.model_from_hf_weights(cfg, want))
   assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
   for name, array in want.items():
     assert got[name].dtype == array.dtype, name
@@ -83,10 +80,9 @@ def max_logit_diff(hf_model: torch.nn.Module, cfg: ModelConfig,
     **overrides: ModelConfig fields to change (scan_layers).
   """
   cfg = cfg.replace(**overrides)
-  model = registry.create_model(
-      cfg, rngs=nnx.Rngs(0), execution=execution.Execution(
+  model = hf_weights.model_from_hf_weights(
+      cfg, state_dict(hf_model), execution.Execution(
           attention_kernel=dispatch.Kernel(impl=attention_impl)))
-  hf_weights.load_hf_weights(model, state_dict(hf_model))
   logits = nnx.jit(lambda m, t: m(t))(model, jnp.asarray(tokens_BL))
   with torch.no_grad():
     want = hf_model(torch.tensor(tokens_BL)).logits.numpy()

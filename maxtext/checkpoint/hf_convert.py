@@ -47,7 +47,6 @@ from typing import Any
 
 from absl import logging
 from flax import nnx
-import jax
 
 from maxtext.checkpoint import params_checkpoint
 from maxtext.checkpoint import quantized_weights
@@ -151,20 +150,13 @@ def hf_to_orbax(hf_dir: str, out_dir: str, *, scan_layers: bool = True,
           quantized_weights.QuantizationError) as e:
     raise ConversionError(str(e)) from e
   cfg = _without_absent_mtp(cfg, weights, hf_dir)
-  model = params_checkpoint.abstract_model(cfg)
   try:
-    hf_weights.load_hf_weights(model, weights)
+    model = hf_weights.model_from_hf_weights(cfg, weights)
   except (KeyError, TypeError, ValueError) as e:
     message = e.args[0] if isinstance(e, KeyError) else str(e)
     raise ConversionError(f"Weights in {hf_dir} do not fit the {cfg.family} "
                           f"model of its config.json: {message}") from e
   params = params_checkpoint.model_params(model)
-  unset = [jax.tree_util.keystr(path) for path, leaf in
-           jax.tree_util.tree_leaves_with_path(params)
-           if isinstance(leaf, jax.ShapeDtypeStruct)]
-  if unset:
-    raise ConversionError(f"The {cfg.family} model has parameters with no "
-                          f"Hugging Face weight mapped: {unset}.")
   with exports.writing(out_dir, sources=(hf_dir,),
                        kind="converted") as folder:
     params_checkpoint.save_converted(folder, cfg, params)

@@ -29,9 +29,11 @@ failing any of these is reported and the next older one read; with
 `lazy=True` its parameters are checked for NaN only as each is read, so one
 found then is raised (`ParamsCheckpointError`) with no fallback.
 
-Parameters are restored onto one device (the first), replicated, one array
-at a time; with `lazy=True` each is a `LazyParam`, read when indexed, so an
-exporter holds one parameter at a time instead of the model.
+Parameters are restored onto one device (the first), replicated, a group of
+arrays at a time (128 MiB, or one larger array); with `lazy=True` each is a
+`LazyParam`, read when indexed, so an exporter holds one parameter at a time
+instead of the model (a model of one group is read at once, into host
+memory).
 """
 
 from collections.abc import Callable
@@ -69,16 +71,6 @@ class ParamsCheckpointError(ValueError):
   """A checkpoint is missing or unreadable; the message names the path."""
 
 
-def abstract_model(
-    cfg: ModelConfig,
-    execution: execution_lib.Execution = execution_lib.Execution()
-) -> nnx.Module:
-  """`cfg`'s model with `jax.ShapeDtypeStruct` values (nothing allocated),
-  to run under `execution`."""
-  return nnx.eval_shape(lambda: registry.create_model(
-      cfg, rngs=nnx.Rngs(0), execution=execution))
-
-
 def model_params(model: nnx.Module) -> dict[str, Any]:
   """The tree saved in a converted checkpoint: every variable of the model
   (parameters, and non-trained ones such as DeepSeek-V3's router bias)."""
@@ -91,7 +83,7 @@ def model_from_params(
 ) -> nnx.Module:
   """`cfg`'s model holding `params`, a `model_params` tree (the arrays are
   used, not copied), to run under `execution`."""
-  graphdef, state = nnx.split(abstract_model(cfg, execution))
+  graphdef, state = nnx.split(registry.abstract_model(cfg, execution))
   nnx.replace_by_pure_dict(state, params)
   return nnx.merge(graphdef, state)
 
@@ -101,7 +93,7 @@ def _abstract_params(cfg: ModelConfig, variables=...) -> dict[str, Any]:
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   return jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-      nnx.to_pure_dict(nnx.state(abstract_model(cfg), variables)))
+      nnx.to_pure_dict(nnx.state(registry.abstract_model(cfg), variables)))
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -185,51 +177,90 @@ class LazyParam:
     return np.asarray(self._read())[index]
 
 
+# Arrays restored by one Orbax call: up to this many bytes together (a larger
+# array alone). Restoring costs 2-3x what a call reads while it runs; one
+# call per array would cost an Orbax metadata read each (tens of ms).
+_RESTORE_GROUP_BYTES = 128 << 20
+
+
+def _nbytes(abstract: jax.ShapeDtypeStruct) -> int:
+  return abstract.size * abstract.dtype.itemsize
+
+
+def _groups(leaves: list[tuple[tuple[Any, ...], jax.ShapeDtypeStruct]]):
+  """`leaves` (keys, abstract array) in consecutive groups of at most
+  `_RESTORE_GROUP_BYTES` (a larger array alone)."""
+  group, size = [], 0
+  for keys, abstract in leaves:
+    nbytes = _nbytes(abstract)
+    if group and size + nbytes > _RESTORE_GROUP_BYTES:
+      yield group
+      group, size = [], 0
+    group.append((keys, abstract))
+    size += nbytes
+  if group:
+    yield group
+
+
 def _restore(path: str, cfg: ModelConfig, *, params_key: str | None,
              lazy: bool = False, variables=...):
   """Restores the variables of `cfg` (those of the `variables` filter) from
   the Orbax checkpoint at `path` (under `params_key` of its tree when given,
   the rest left unread).
 
-  Arrays are restored one at a time (restoring costs 2-3x an array's size
-  while it runs); with `lazy`, each leaf is a `LazyParam` instead, restored
-  when read.
+  Arrays are restored a group at a time (`_RESTORE_GROUP_BYTES`); with
+  `lazy`, each leaf is a `LazyParam` instead, restored when read, unless all
+  fit in one group (then read at once, as numpy arrays).
   """
   prefix = (params_key,) if params_key else ()
   abstract_params = _abstract_params(cfg, variables)
+  paths, treedef = jax.tree_util.tree_flatten_with_path(abstract_params)
+  leaves = [(prefix + tuple(k.key for k in key_path), abstract)
+            for key_path, abstract in paths]
 
-  def read(keys, abstract):
-    target = _nest(keys, abstract)
+  def read(checkpointer, group):
+    target = functools.reduce(
+        _merge, [_nest(keys, abstract) for keys, abstract in group], {})
     # A lazy read goes to host memory only (no device copy).
-    restore_args = (_nest(keys, ocp.RestoreArgs(restore_type=np.ndarray))
-                    if lazy else
-                    ocp.checkpoint_utils.construct_restore_args(target))
+    restore_args = (
+        functools.reduce(_merge, [
+            _nest(keys, ocp.RestoreArgs(restore_type=np.ndarray))
+            for keys, _ in group], {})
+        if lazy else ocp.checkpoint_utils.construct_restore_args(target))
     try:
-      with ocp.PyTreeCheckpointer() as checkpointer:
-        restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
-            item=target, restore_args=restore_args, partial_restore=True))
+      restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
+          item=target, restore_args=restore_args, partial_restore=True))
     except Exception as e:  # Orbax and TensorStore raise many kinds.
       raise ParamsCheckpointError(
           f"Parameters in {path} could not be restored for the {cfg.family} "
           f"model (missing, corrupt, or another model): {type(e).__name__}: "
           f"{e}") from e
-    for key in keys:
-      restored = restored[key]
-    xp = np if lazy else jnp  # Host arrays stay on the host.
-    if (jnp.issubdtype(abstract.dtype, jnp.inexact) and
-        not bool(xp.all(xp.isfinite(restored)))):
-      raise ParamsCheckpointError(
-          f"Parameter {'/'.join(map(str, keys))} in {path} holds NaN or"
-          " infinite values.")
-    return restored
+    arrays = []
+    for keys, abstract in group:
+      array = functools.reduce(lambda tree, key: tree[key], keys, restored)
+      xp = np if lazy else jnp  # Host arrays stay on the host.
+      if (jnp.issubdtype(abstract.dtype, jnp.inexact) and
+          not bool(xp.all(xp.isfinite(array)))):
+        raise ParamsCheckpointError(
+            f"Parameter {'/'.join(map(str, keys))} in {path} holds NaN or"
+            " infinite values.")
+      arrays.append(array)
+    return arrays
 
-  def leaf(key_path, abstract):
-    keys = prefix + tuple(k.key for k in key_path)
-    if lazy:
-      return LazyParam(functools.partial(read, keys, abstract), abstract)
-    return read(keys, abstract)
+  def read_one(keys, abstract):
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      [array] = read(checkpointer, [(keys, abstract)])
+    return array
 
-  return jax.tree_util.tree_map_with_path(leaf, abstract_params)
+  if lazy and sum(_nbytes(a) for _, a in leaves) > _RESTORE_GROUP_BYTES:
+    return treedef.unflatten([
+        LazyParam(functools.partial(read_one, keys, abstract), abstract)
+        for keys, abstract in leaves])
+  arrays = []
+  with ocp.PyTreeCheckpointer() as checkpointer:
+    for group in _groups(leaves):
+      arrays.extend(read(checkpointer, group))
+  return treedef.unflatten(arrays)
 
 
 def load_converted(checkpoint_dir: str, *, lazy: bool = False

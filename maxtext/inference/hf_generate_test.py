@@ -13,7 +13,6 @@ greedy generation of that prompt alone. The sliding-window families
 
 from absl.testing import absltest
 from absl.testing import parameterized
-from flax import nnx
 
 from maxtext.inference import generate
 from maxtext.models import registry
@@ -34,9 +33,8 @@ class HfGreedyTest(parameterized.TestCase):
             for prompt in _PROMPTS]
     cfg = registry.family_module(family).model_config_from_hf(
         hf_model.config.to_dict())
-    model = registry.create_model(cfg.replace(scan_layers=True),
-                                  rngs=nnx.Rngs(0))
-    hf_weights.load_hf_weights(model, hf_reference.state_dict(hf_model))
+    model = hf_weights.model_from_hf_weights(
+        cfg.replace(scan_layers=True), hf_reference.state_dict(hf_model))
     got = generate.generate(model, _PROMPTS, max_new_tokens=_NEW_TOKENS)
     self.assertEqual(got, want)
 

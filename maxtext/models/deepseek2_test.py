@@ -102,9 +102,8 @@ class DeepSeek2HuggingFaceTest(parameterized.TestCase):
     self.assertLessEqual(diff, 0.03 * np.abs(want).max())
 
   def _logits(self, cfg):
-    model = registry.create_model(cfg, rngs=nnx.Rngs(0))
-    hf_weights.load_hf_weights(
-        model, hf_reference.state_dict(self.hf_models["group_limited"]))
+    model = hf_weights.model_from_hf_weights(
+        cfg, hf_reference.state_dict(self.hf_models["group_limited"]))
     return nnx.jit(lambda m, t: m(t))(model, jnp.asarray(_TOKENS))
 
   def test_each_routing_feature_changes_the_logits(self):

@@ -83,10 +83,8 @@ class Gemma3VisionLanguageTest(parameterized.TestCase):
                                            cls.pixels_Bvhwe)).logits.numpy()
 
   def _model(self, **changes):
-    model = registry.create_model(self.cfg.replace(**changes),
-                                  rngs=nnx.Rngs(0))
-    hf_weights.load_hf_weights(model, self.weights)
-    return model
+    return hf_weights.model_from_hf_weights(self.cfg.replace(**changes),
+                                            self.weights)
 
   def test_config(self):
     vision = self.cfg.vision

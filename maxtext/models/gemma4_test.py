@@ -41,8 +41,7 @@ _E2B = dict(num_hidden_layers=9, layer_types=[_LOCAL, _LOCAL, _GLOBAL] * 3,
 
 
 def _logits(cfg, state):
-  model = registry.create_model(cfg, rngs=nnx.Rngs(0))
-  hf_weights.load_hf_weights(model, state)
+  model = hf_weights.model_from_hf_weights(cfg, state)
   return nnx.jit(lambda m, t: m(t))(model, jnp.asarray(_TOKENS))
 
 
@@ -87,8 +86,7 @@ def _assert_greedy_matches_transformers(test):
   prompts = [[5, 17, 99, 3, 42, 8, 64, 2], [11, 7, 120]]
   want = [hf_tiny_models.hf_greedy(test.hf_model, prompt, 8)
           for prompt in prompts]
-  model = registry.create_model(test.cfg, rngs=nnx.Rngs(0))
-  hf_weights.load_hf_weights(model, test.state)
+  model = hf_weights.model_from_hf_weights(test.cfg, test.state)
   test.assertEqual(generate.generate(model, prompts, max_new_tokens=8), want)
   test.assertEqual(generate.generate(model, prompts, max_new_tokens=8,
                                      kv_cache="paged", page_size=4), want)

@@ -89,16 +89,14 @@ class GptOssHuggingFaceTest(parameterized.TestCase):
 
   def test_window_sinks_and_yarn_matter(self):
     """Each feature changes the logits, so the match above tests it."""
-    model = registry.create_model(self.cfg, rngs=nnx.Rngs(0))
     state = hf_reference.state_dict(self.hf_model)
-    hf_weights.load_hf_weights(model, state)
+    model = hf_weights.model_from_hf_weights(self.cfg, state)
     want = model(jnp.asarray(_TOKENS))
     for changes in (dict(sliding_window=0, global_layer_interval=1),
                     dict(attention_sinks=False),
                     dict(rope_scaling="default", rope_scaling_factor=1.0)):
       cfg = self.cfg.replace(**changes)
-      other = registry.create_model(cfg, rngs=nnx.Rngs(0))
-      hf_weights.load_hf_weights(other, {
+      other = hf_weights.model_from_hf_weights(cfg, {
           name: array for name, array in state.items()
           if cfg.attention.sinks or not name.endswith("sinks")})
       self.assertGreater(
@@ -108,8 +106,8 @@ class GptOssHuggingFaceTest(parameterized.TestCase):
   def test_packed_segments_match_separate_sequences(self):
     """Two sequences packed in one row equal transformers on each alone."""
     lengths = (9, 7)
-    model = registry.create_model(self.cfg, rngs=nnx.Rngs(0))
-    hf_weights.load_hf_weights(model, hf_reference.state_dict(self.hf_model))
+    model = hf_weights.model_from_hf_weights(
+        self.cfg, hf_reference.state_dict(self.hf_model))
     tokens = _TOKENS[:1]
     positions = np.concatenate([np.arange(n) for n in lengths])[None]
     segments = np.repeat([1, 2], lengths)[None]

@@ -41,11 +41,14 @@ reference implementation ignores too).
 from collections.abc import Iterable, Iterator, Mapping
 
 from absl import logging
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from maxtext.common import layer_pattern
+from maxtext.common.model_config import ModelConfig
+from maxtext.models import execution as execution_lib
 from maxtext.models import hf_params
 from maxtext.models import registry
 
@@ -257,7 +260,7 @@ def load_hf_weights(model: nnx.Module,
         value[i] = fetch(entry, entry.hf_name.format(layer=layer),
                          variable.shape[1:])
     # Replaces the value, so an abstract model (`nnx.eval_shape`) fills too.
-    variable.value = jnp.asarray(value, variable.dtype)
+    variable.set_value(jnp.asarray(value, variable.dtype))
   used.update(name for name, _, _ in _mtp_copies(model))
   family = registry.family_module(model.cfg.family)
   known = {entry.hf_name for entry in family.HF_PARAMS}
@@ -281,6 +284,30 @@ def load_hf_weights(model: nnx.Module,
   if unexpected:
     raise ValueError(f"Hugging Face weights with no place in the "
                      f"{model.cfg.family} model: {unexpected}.")
+
+
+def model_from_hf_weights(
+    cfg: ModelConfig, state_dict: Mapping[str, np.ndarray],
+    execution: execution_lib.Execution = execution_lib.Execution()
+) -> nnx.Module:
+  """`cfg`'s model holding Hugging Face weights, to run under `execution`:
+  built abstract (`registry.abstract_model`: no random initialisation, no
+  second copy) and filled by `load_hf_weights`.
+
+  Raises:
+    KeyError, TypeError, ValueError: as `load_hf_weights`; also ValueError
+      naming the model's variables no weight set.
+  """
+  model = registry.abstract_model(cfg, execution)
+  load_hf_weights(model, state_dict)
+  unset = [jax.tree_util.keystr(path) for path, leaf in
+           jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(
+               nnx.state(model)))
+           if isinstance(leaf, jax.ShapeDtypeStruct)]
+  if unset:
+    raise ValueError(f"The {cfg.family} model has parameters with no Hugging "
+                     f"Face weight mapped: {unset}.")
+  return model
 
 
 def iter_hf_weights(model: nnx.Module) -> Iterator[tuple[str, np.ndarray]]:

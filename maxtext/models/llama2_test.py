@@ -66,8 +66,7 @@ class Llama2HuggingFaceTest(parameterized.TestCase):
     state_dict = {name: tensor.to(torch_dtype).float().numpy()
                   for name, tensor in self.hf_model.state_dict().items()}
     cfg = self.cfg.replace(param_dtype=param_dtype)
-    model = registry.create_model(cfg, rngs=nnx.Rngs(0))
-    hf_weights.load_hf_weights(model, state_dict)
+    model = hf_weights.model_from_hf_weights(cfg, state_dict)
     exact = param_dtype == "float32" or torch_dtype == torch.bfloat16
     for name, array in hf_weights.to_hf_weights(model).items():
       self.assertEqual(array.dtype, np.dtype(param_dtype))

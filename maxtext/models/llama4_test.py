@@ -79,8 +79,7 @@ class Llama4HuggingFaceTest(parameterized.TestCase):
   def test_packed_documents_restart_their_chunks(self):
     """Two documents packed in one row give each one's logits alone: the
     chunks and the temperature follow each document's positions."""
-    model = registry.create_model(self.cfg, rngs=nnx.Rngs(0))
-    hf_weights.load_hf_weights(model, self.state)
+    model = hf_weights.model_from_hf_weights(self.cfg, self.state)
     first, second = _TOKENS[0, :7], _TOKENS[1, :9]
     packed = np.concatenate([first, second])[None]
     segments = np.array([[1] * 7 + [2] * 9])
@@ -104,8 +103,7 @@ class Llama4HuggingFaceTest(parameterized.TestCase):
     self.assertLessEqual(diff, 0.03 * scale)
 
   def _logits(self, cfg, state):
-    model = registry.create_model(cfg, rngs=nnx.Rngs(0))
-    hf_weights.load_hf_weights(model, state)
+    model = hf_weights.model_from_hf_weights(cfg, state)
     return nnx.jit(lambda m, t: m(t))(model, jnp.asarray(_TOKENS))
 
   def test_each_feature_changes_the_logits(self):

@@ -70,6 +70,8 @@ class Olmo3HuggingFaceTest(parameterized.TestCase):
     self.assertLessEqual(diff, 0.03 * scale)
 
   def _logits(self, cfg, state):
+    # Created with initial values: a variant may have parameters no Hugging
+    # Face weight maps (with pre_norms, the MLP's input norm: ones).
     model = registry.create_model(cfg, rngs=nnx.Rngs(0))
     hf_weights.load_hf_weights(model, state)
     return nnx.jit(lambda m, t: m(t))(model, jnp.asarray(_TOKENS))

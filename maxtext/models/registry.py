@@ -14,6 +14,7 @@ A family is a module in `maxtext/models/` that exposes:
 Adding a family adds one entry here; shared code never branches on family.
 """
 
+import functools
 import types
 
 from flax import nnx
@@ -136,3 +137,19 @@ def create_model(cfg: ModelConfig, *, rngs: nnx.Rngs,
   to run under `execution` (attention kernel, pipeline, remat)."""
   return family_module(cfg.family).MODEL_CLASS(cfg, rngs=rngs,
                                                execution=execution)
+
+
+def abstract_model(
+    cfg: ModelConfig,
+    execution: execution_lib.Execution = execution_lib.Execution()
+) -> nnx.Module:
+  """`cfg`'s model with `jax.ShapeDtypeStruct` values (nothing initialised or
+  allocated), to run under `execution` once its values are set. A new model
+  each call; the tracing it costs is done once per (cfg, execution)."""
+  return nnx.merge(*_abstract_split(cfg, execution), copy=True)
+
+
+@functools.lru_cache(maxsize=16)
+def _abstract_split(cfg: ModelConfig, execution: execution_lib.Execution):
+  return nnx.split(nnx.eval_shape(lambda: create_model(
+      cfg, rngs=nnx.Rngs(0), execution=execution)))

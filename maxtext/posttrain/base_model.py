@@ -33,6 +33,7 @@ from maxtext.common import exports
 from maxtext.common.model_config import ModelConfig
 from maxtext.layers import remat
 from maxtext.models import execution as execution_lib
+from maxtext.models import registry
 from maxtext.posttrain import adapter
 from maxtext.posttrain import lora as lora_lib
 from maxtext.sharding import rules as rules_lib
@@ -100,7 +101,7 @@ def _place(params: dict[str, Any], cfg: ModelConfig,
   if rules is None:
     return params
   names = rules_lib.logical_names(nnx.state(
-      params_checkpoint.abstract_model(cfg), nnx.Param))
+      registry.abstract_model(cfg), nnx.Param))
   return jax.tree.map(
       lambda n, x: jax.device_put(x, rules.param_sharding(n, x.shape)),
       names, params, is_leaf=lambda x: isinstance(x, tuple))

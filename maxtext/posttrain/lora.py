@@ -182,7 +182,7 @@ def merged_params(model: nnx.Module, cfg: ModelConfig,
   Returns:
     The nested dict of `params_checkpoint.model_params` for `cfg`.
   """
-  target = params_checkpoint.abstract_model(cfg)
+  target = registry.abstract_model(cfg)
   modules = dict(nnx.iter_modules(model))
   for path, target_module in nnx.iter_modules(target):
     module = modules[path]
@@ -195,7 +195,7 @@ def merged_params(model: nnx.Module, cfg: ModelConfig,
         lora_a, lora_b = adapters
         delta = (lora_a.astype(jnp.float32) @ lora_b.astype(jnp.float32))
         value = value + delta.reshape(value.shape) * config.scale
-      variable.value = value.astype(variable.dtype)
+      variable.set_value(value.astype(variable.dtype))
   return params_checkpoint.model_params(target)
 
 

@@ -38,9 +38,8 @@ cfg = ModelConfig.from_dict(dict(family="llama3", vocab_size=32000,
 hf = hf_convert.hf_config_dict(cfg)
 rng = np.random.default_rng(0)
 def tensors():
-  from maxtext.checkpoint import params_checkpoint
-  from maxtext.models import hf_weights
-  abstract = params_checkpoint.abstract_model(cfg)
+  from maxtext.models import hf_weights, registry
+  abstract = registry.abstract_model(cfg)
   for entry, variable, layer in hf_weights._entries(abstract):
     for i in range(cfg.num_layers if "{{layer}}" in entry.hf_name else 1):
       name = entry.hf_name.format(layer=i)
