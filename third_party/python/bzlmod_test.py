@@ -36,9 +36,15 @@ def _name(call: ast.Call) -> str:
 
 
 def _keyword(call: ast.Call, key: str):
+  """A keyword argument's value; `prefix + "name"` (a repository name under
+  `maxtext_python_repositories(prefix)`) reads as "name"."""
   for keyword in call.keywords:
     if keyword.arg == key:
-      return ast.literal_eval(keyword.value)
+      value = keyword.value
+      if (isinstance(value, ast.BinOp) and isinstance(value.left, ast.Name)
+          and value.left.id == "prefix"):
+        value = value.right
+      return ast.literal_eval(value)
   return None
 
 
@@ -99,6 +105,19 @@ class BzlmodTest(absltest.TestCase):
 
     self.assertEqual(toolchains(module), toolchains(workspace))
     self.assertEqual(toolchains(module), ["@python_host//:py_toolchain"])
+
+  def test_consumer_mapping_covers_our_repositories(self):
+    # deps.bzl's MAXTEXT_REPO_MAPPING names every repository we declare (the
+    # example consumer's test holds its @maxtext's mapping equal to it).
+    repositories = {
+        _keyword(call, "name") for call in _function_calls(
+            "third_party/python/repositories.bzl",
+            "maxtext_python_repositories")} - {None}
+    with open(os.path.join(_ROOT, "deps.bzl"), encoding="utf-8") as f:
+      [comprehension] = [node for node in ast.walk(ast.parse(f.read()))
+                         if isinstance(node, ast.DictComp)]
+    names = set(ast.literal_eval(comprehension.generators[0].iter))
+    self.assertEqual(names, repositories | {"python_host"})
 
   def test_module_name_is_the_workspace_name(self):
     [workspace] = [call for call in _calls("WORKSPACE")

@@ -17,7 +17,8 @@ any package of either lock.
 hash-checked, and unpacks it with a BUILD file of the caller's.
 """
 
-_PYTHON_PATH = "@python_host//:python_path.txt"
+# The interpreter to install for: `host_python`'s `python_path.txt`.
+_PYTHON_PATH_ATTR = attr.label(mandatory = True, allow_single_file = True)
 
 # Where packages are installed in the repository. The name matters: some
 # libraries (dill, which `datasets` uses to fingerprint) treat modules outside
@@ -25,7 +26,7 @@ _PYTHON_PATH = "@python_host//:python_path.txt"
 _SITE = "site-packages"
 
 def _python(rctx):
-    return rctx.read(Label(_PYTHON_PATH)).strip()
+    return rctx.read(rctx.attr.python_path).strip()
 
 def _run(rctx, args, what, timeout = 1800):
     result = rctx.execute(args, timeout = timeout, quiet = True)
@@ -116,7 +117,7 @@ pip_lock_repository = repository_rule(
         "base": attr.string(doc = "Repository holding `base_lock`'s packages, e.g. `@pypi`."),
         "base_lock": attr.label(allow_single_file = True, doc = "Lock that this one is layered on."),
         "_generate_build": attr.label(default = "//third_party/python:generate_build.py"),
-        "_python_path": attr.label(default = _PYTHON_PATH),
+        "python_path": _PYTHON_PATH_ATTR,
     },
     environ = ["PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONFIG_FILE"],
     doc = "Installs a pinned, hash-checked lock and exposes one target per package.",
@@ -161,7 +162,7 @@ pip_archive = repository_rule(
         "sha256": attr.string(mandatory = True, doc = "SHA-256 of the distribution file."),
         "strip_prefix": attr.string(doc = "Folder prefix to strip when unpacking."),
         "build_file_content": attr.string(mandatory = True),
-        "_python_path": attr.label(default = _PYTHON_PATH),
+        "python_path": _PYTHON_PATH_ATTR,
     },
     environ = ["PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONFIG_FILE"],
     doc = "One pinned, hash-checked distribution from PyPI, unpacked.",
