@@ -153,7 +153,12 @@ def main(argv: list[str]) -> None:
     else:
       _compile(experiment, hardware)
 
-if __name__ == "__main__":
+def console_main() -> None:
+  """Starts the binary (`bazel run`, and `maxtext-aot-compile` of the pip install)."""
   flags.mark_flags_as_required(["config", "topology"])
   sys.argv = paths.resolve_config_argv(sys.argv)
   app.run(main)
+
+
+if __name__ == "__main__":
+  console_main()

@@ -68,6 +68,11 @@ def main(argv: list[str]) -> None:
                              dtype=_DTYPE.value)
 
 
-if __name__ == "__main__":
+def console_main() -> None:
+  """Starts the binary (`bazel run`, and `maxtext-convert-ckpt` of the pip install)."""
   flags.mark_flag_as_required("out")
   app.run(main)
+
+
+if __name__ == "__main__":
+  console_main()

@@ -237,6 +237,11 @@ def _decode() -> None:
     else:
       print(",".join(map(str, prompt)), "->", ",".join(map(str, output)))
 
-if __name__ == "__main__":
+def console_main() -> None:
+  """Starts the binary (`bazel run`, and `maxtext-decode` of the pip install)."""
   flags.mark_flag_as_required("checkpoint")
   app.run(main)
+
+
+if __name__ == "__main__":
+  console_main()

@@ -44,5 +44,10 @@ def _teacher_into(config) -> None:
 main = runtime.binary_main("distill", distill.run, _FLAGS,
                            before_run=_teacher_into)
 
-if __name__ == "__main__":
+def console_main() -> None:
+  """Starts the binary (`bazel run`, and `maxtext-distill` of the pip install)."""
   runtime.start_binary(main)
+
+
+if __name__ == "__main__":
+  console_main()

@@ -123,6 +123,11 @@ def _evaluate() -> None:
       f.write("\n")
 
 
-if __name__ == "__main__":
+def console_main() -> None:
+  """Starts the binary (`bazel run`, and `maxtext-eval` of the pip install)."""
   flags.mark_flag_as_required("checkpoint")
   app.run(main)
+
+
+if __name__ == "__main__":
+  console_main()

@@ -37,5 +37,10 @@ _FLAGS = runtime.define_binary_flags(
 
 main = runtime.binary_main("grpo", grpo.run, _FLAGS)
 
-if __name__ == "__main__":
+def console_main() -> None:
+  """Starts the binary (`bazel run`, and `maxtext-grpo` of the pip install)."""
   runtime.start_binary(main)
+
+
+if __name__ == "__main__":
+  console_main()

@@ -42,5 +42,10 @@ _FLAGS = runtime.define_binary_flags(
 
 main = runtime.binary_main("sft", sft.run, _FLAGS)
 
-if __name__ == "__main__":
+def console_main() -> None:
+  """Starts the binary (`bazel run`, and `maxtext-sft` of the pip install)."""
   runtime.start_binary(main)
+
+
+if __name__ == "__main__":
+  console_main()

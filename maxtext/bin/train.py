@@ -145,7 +145,12 @@ def main(argv: list[str]) -> None:
       paths.user_path(_COMPILED.value) if _COMPILED.value else None)
 
 
-if __name__ == "__main__":
+def console_main() -> None:
+  """Starts the binary (`bazel run`, and `maxtext-train` of the pip install)."""
   flags.mark_flag_as_required("config")
   sys.argv = paths.resolve_config_argv(sys.argv)
   app.run(main)
+
+
+if __name__ == "__main__":
+  console_main()

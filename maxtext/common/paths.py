@@ -17,6 +17,7 @@ such field resolved; the `ConfigDict` is never modified.
 
 from collections.abc import Callable, Mapping
 import dataclasses
+import importlib.util
 import os
 from typing import Any
 
@@ -77,14 +78,34 @@ def resolve_values(cls: type[Any], values: Mapping[str, Any]
 def config_file_path(path: str) -> str:
   """Where to read a `--config` file from (the `:arg` suffix kept).
 
-  Under `bazel run` the current directory holds the runfiles, where the
-  bundled configs (`configs/gemma3.py`) are; a path that is not there is
-  resolved against the directory the user ran from.
+  A bare name (`gemma3`, `gemma3:small`) is a bundled config: `configs/`
+  under Bazel, `maxtext/configs/` of the pip install. Under `bazel run` the
+  current directory holds the runfiles, where the bundled configs
+  (`configs/gemma3.py`) are; a path that is not there is resolved against
+  the directory the user ran from.
   """
   file_path, sep, arg = path.partition(":")
+  if file_path.isidentifier():
+    bundled = _bundled_config(file_path)
+    if bundled:
+      return bundled + sep + arg
   if os.path.isabs(file_path) or os.path.exists(file_path):
     return path
   return user_path(file_path) + sep + arg
+
+
+def _bundled_config(name: str) -> str | None:
+  """The path of bundled config `name`, or None when there is none."""
+  for package in ("maxtext.configs", "configs"):
+    try:
+      spec = importlib.util.find_spec(package)
+    except ImportError:
+      continue
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+      candidate = os.path.join(folder, f"{name}.py")
+      if os.path.isfile(candidate):
+        return candidate
+  return None
 
 
 def resolve_config_argv(argv: list[str], flag: str = "config") -> list[str]:

@@ -52,6 +52,20 @@ class PathsTest(absltest.TestCase):
         os.chdir(cwd)
 
 
+  def test_bare_names_are_bundled_configs(self):
+    # `gemma3` (`gemma3:small`) is configs/gemma3.py: the runfiles' here, the
+    # installed `maxtext.configs` of the pip install.
+    path, _, arg = paths.config_file_path("gemma3:small").partition(":")
+    self.assertEqual((os.path.basename(path), arg), ("gemma3.py", "small"))
+    self.assertEqual(os.path.basename(os.path.dirname(path)), "configs")
+    with open(path, encoding="utf-8") as f:
+      self.assertIn("def get_config(", f.read())
+    # A name no config has is the user's path, as before.
+    with mock.patch.dict(os.environ, {"BUILD_WORKING_DIRECTORY": "/home/me"}):
+      self.assertEqual(paths.config_file_path("gemma33:x"),
+                       "/home/me/gemma33:x")
+
+
 class OutputPathTest(absltest.TestCase):
 
   def test_patterns_resolve_each_entry_and_drop_blanks(self):
