@@ -153,8 +153,10 @@ def main(argv: list[str]) -> None:
     else:
       _compile(experiment, hardware)
 
+
 def console_main() -> None:
-  """Starts the binary (`bazel run`, and `maxtext-aot-compile` of the pip install)."""
+  """Starts the binary: under `bazel run`, and as the pip install's
+  `maxtext-aot-compile`."""
   flags.mark_flags_as_required(["config", "topology"])
   sys.argv = paths.resolve_config_argv(sys.argv)
   app.run(main)

@@ -69,7 +69,8 @@ def main(argv: list[str]) -> None:
 
 
 def console_main() -> None:
-  """Starts the binary (`bazel run`, and `maxtext-convert-ckpt` of the pip install)."""
+  """Starts the binary: under `bazel run`, and as the pip install's
+  `maxtext-convert-ckpt`."""
   flags.mark_flag_as_required("out")
   app.run(main)
 

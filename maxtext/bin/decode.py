@@ -237,8 +237,10 @@ def _decode() -> None:
     else:
       print(",".join(map(str, prompt)), "->", ",".join(map(str, output)))
 
+
 def console_main() -> None:
-  """Starts the binary (`bazel run`, and `maxtext-decode` of the pip install)."""
+  """Starts the binary: under `bazel run`, and as the pip install's
+  `maxtext-decode`."""
   flags.mark_flag_as_required("checkpoint")
   app.run(main)
 

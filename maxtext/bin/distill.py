@@ -44,8 +44,10 @@ def _teacher_into(config) -> None:
 main = runtime.binary_main("distill", distill.run, _FLAGS,
                            before_run=_teacher_into)
 
+
 def console_main() -> None:
-  """Starts the binary (`bazel run`, and `maxtext-distill` of the pip install)."""
+  """Starts the binary: under `bazel run`, and as the pip install's
+  `maxtext-distill`."""
   runtime.start_binary(main)
 
 

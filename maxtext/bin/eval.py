@@ -124,7 +124,8 @@ def _evaluate() -> None:
 
 
 def console_main() -> None:
-  """Starts the binary (`bazel run`, and `maxtext-eval` of the pip install)."""
+  """Starts the binary: under `bazel run`, and as the pip install's
+  `maxtext-eval`."""
   flags.mark_flag_as_required("checkpoint")
   app.run(main)
 

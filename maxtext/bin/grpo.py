@@ -37,8 +37,10 @@ _FLAGS = runtime.define_binary_flags(
 
 main = runtime.binary_main("grpo", grpo.run, _FLAGS)
 
+
 def console_main() -> None:
-  """Starts the binary (`bazel run`, and `maxtext-grpo` of the pip install)."""
+  """Starts the binary: under `bazel run`, and as the pip install's
+  `maxtext-grpo`."""
   runtime.start_binary(main)
 
 

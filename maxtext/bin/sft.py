@@ -42,8 +42,10 @@ _FLAGS = runtime.define_binary_flags(
 
 main = runtime.binary_main("sft", sft.run, _FLAGS)
 
+
 def console_main() -> None:
-  """Starts the binary (`bazel run`, and `maxtext-sft` of the pip install)."""
+  """Starts the binary: under `bazel run`, and as the pip install's
+  `maxtext-sft`."""
   runtime.start_binary(main)
 
 

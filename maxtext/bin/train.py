@@ -146,7 +146,8 @@ def main(argv: list[str]) -> None:
 
 
 def console_main() -> None:
-  """Starts the binary (`bazel run`, and `maxtext-train` of the pip install)."""
+  """Starts the binary: under `bazel run`, and as the pip install's
+  `maxtext-train`."""
   flags.mark_flag_as_required("config")
   sys.argv = paths.resolve_config_argv(sys.argv)
   app.run(main)

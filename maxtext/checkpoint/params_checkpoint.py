@@ -150,11 +150,15 @@ def _model_config(values: dict[str, Any], path: str) -> ModelConfig:
     raise ParamsCheckpointError(f"{path}: invalid model config: {e}") from e
 
 
-def _nest(keys: tuple[Any, ...], leaf: Any) -> dict[Any, Any]:
-  """`{keys[0]: {keys[1]: ... leaf}}`."""
-  for key in reversed(keys):
-    leaf = {key: leaf}
-  return leaf
+def _nested(leaves: list[tuple[tuple[Any, ...], Any]]) -> dict[Any, Any]:
+  """The nested dict holding each (keys, leaf) of `leaves` at its keys."""
+  tree = {}
+  for keys, leaf in leaves:
+    node = tree
+    for key in keys[:-1]:
+      node = node.setdefault(key, {})
+    node[keys[-1]] = leaf
+  return tree
 
 
 class LazyParam:
@@ -218,14 +222,14 @@ def _restore(path: str, cfg: ModelConfig, *, params_key: str | None,
   leaves = [(prefix + tuple(k.key for k in key_path), abstract)
             for key_path, abstract in paths]
 
+  xp = np if lazy else jnp  # Host arrays stay on the host.
+
   def read(checkpointer, group):
-    target = functools.reduce(
-        _merge, [_nest(keys, abstract) for keys, abstract in group], {})
+    target = _nested(group)
     # A lazy read goes to host memory only (no device copy).
     restore_args = (
-        functools.reduce(_merge, [
-            _nest(keys, ocp.RestoreArgs(restore_type=np.ndarray))
-            for keys, _ in group], {})
+        _nested([(keys, ocp.RestoreArgs(restore_type=np.ndarray))
+                 for keys, _ in group])
         if lazy else ocp.checkpoint_utils.construct_restore_args(target))
     try:
       restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
@@ -238,7 +242,6 @@ def _restore(path: str, cfg: ModelConfig, *, params_key: str | None,
     arrays = []
     for keys, abstract in group:
       array = functools.reduce(lambda tree, key: tree[key], keys, restored)
-      xp = np if lazy else jnp  # Host arrays stay on the host.
       if (jnp.issubdtype(abstract.dtype, jnp.inexact) and
           not bool(xp.all(xp.isfinite(array)))):
         raise ParamsCheckpointError(

@@ -51,7 +51,6 @@ class PathsTest(absltest.TestCase):
       finally:
         os.chdir(cwd)
 
-
   def test_bare_names_are_bundled_configs(self):
     # `gemma3` (`gemma3:small`) is configs/gemma3.py: the runfiles' here, the
     # installed `maxtext.configs` of the pip install.

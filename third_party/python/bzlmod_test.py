@@ -57,6 +57,13 @@ def _function_calls(path: str, function: str) -> list[ast.Call]:
   return [node for node in ast.walk(body) if isinstance(node, ast.Call)]
 
 
+def _declared_repositories() -> set[str]:
+  """The repositories `maxtext_python_repositories()` declares."""
+  return {_keyword(call, "name") for call in _function_calls(
+      "third_party/python/repositories.bzl",
+      "maxtext_python_repositories")} - {None}
+
+
 class BzlmodTest(absltest.TestCase):
 
   def test_module_declares_the_workspace_repositories(self):
@@ -64,10 +71,7 @@ class BzlmodTest(absltest.TestCase):
     module = _calls("MODULE.bazel")
     extension = _function_calls("third_party/python/extensions.bzl",
                                 "_python_deps_impl")
-    repositories = {
-        _keyword(call, "name") for call in _function_calls(
-            "third_party/python/repositories.bzl",
-            "maxtext_python_repositories")} - {None}
+    repositories = _declared_repositories()
     self.assertIn("pypi", repositories)
 
     # The same functions declare the repositories in both.
@@ -109,10 +113,7 @@ class BzlmodTest(absltest.TestCase):
   def test_consumer_mapping_covers_our_repositories(self):
     # deps.bzl's MAXTEXT_REPO_MAPPING names every repository we declare (the
     # example consumer's test holds its @maxtext's mapping equal to it).
-    repositories = {
-        _keyword(call, "name") for call in _function_calls(
-            "third_party/python/repositories.bzl",
-            "maxtext_python_repositories")} - {None}
+    repositories = _declared_repositories()
     with open(os.path.join(_ROOT, "deps.bzl"), encoding="utf-8") as f:
       [comprehension] = [node for node in ast.walk(ast.parse(f.read()))
                          if isinstance(node, ast.DictComp)]

@@ -11,20 +11,24 @@ def maxtext_python_repositories(prefix = ""):
         `repo_mapping` of its @maxtext); @<prefix>python_host must exist.
     """
     python_path = "@{}python_host//:python_path.txt".format(prefix)
+    runtime_lock = Label("//third_party/python:requirements_lock.txt")
+
+    # The layered locks' base: the runtime packages.
+    base = "@{}pypi".format(prefix)
 
     # Runtime packages: @pypi//:jax, @pypi//:flax, ...
     pip_lock_repository(
         name = prefix + "pypi",
         python_path = python_path,
-        lock = Label("//third_party/python:requirements_lock.txt"),
+        lock = runtime_lock,
     )
 
     # Test-only references (torch CPU, transformers), layered on @pypi.
     pip_lock_repository(
         name = prefix + "pypi_test",
         python_path = python_path,
-        base = "@{}pypi".format(prefix),
-        base_lock = Label("//third_party/python:requirements_lock.txt"),
+        base = base,
+        base_lock = runtime_lock,
         lock = Label("//third_party/python:requirements_test_lock.txt"),
     )
 
@@ -34,8 +38,8 @@ def maxtext_python_repositories(prefix = ""):
     pip_lock_repository(
         name = prefix + "pypi_vllm",
         python_path = python_path,
-        base = "@{}pypi".format(prefix),
-        base_lock = Label("//third_party/python:requirements_lock.txt"),
+        base = base,
+        base_lock = runtime_lock,
         lock = Label("//third_party/python:requirements_vllm_lock.txt"),
     )
 
@@ -45,8 +49,8 @@ def maxtext_python_repositories(prefix = ""):
     pip_lock_repository(
         name = prefix + "pypi_gpu",
         python_path = python_path,
-        base = "@{}pypi".format(prefix),
-        base_lock = Label("//third_party/python:requirements_lock.txt"),
+        base = base,
+        base_lock = runtime_lock,
         lock = Label("//third_party/python:requirements_gpu_lock.txt"),
     )
 
@@ -56,8 +60,8 @@ def maxtext_python_repositories(prefix = ""):
     pip_lock_repository(
         name = prefix + "pypi_gpu_cudnn",
         python_path = python_path,
-        base = "@{}pypi".format(prefix),
-        base_lock = Label("//third_party/python:requirements_lock.txt"),
+        base = base,
+        base_lock = runtime_lock,
         lock = Label("//third_party/python:requirements_gpu_cudnn_lock.txt"),
     )
 
