@@ -63,7 +63,14 @@ def path(asset: str, file: str | None = None) -> str:
       os.path.expanduser(os.environ.get(CACHE_ENV_VAR) or
                          "~/.cache/maxtext/assets"), asset)
   if not os.path.isdir(folder):
-    _fetch(pin, folder)
+    try:
+      _fetch(pin, folder)
+    except AssetError:
+      raise
+    except OSError as e:  # The cache folder cannot be written.
+      raise AssetError(
+          f"Cannot fetch {pin['requirement']} into {folder}: {e}; set"
+          f" ${CACHE_ENV_VAR} to a writable folder.") from e
   located = os.path.join(folder, file)
   if not os.path.exists(located):
     raise AssetError(f"{pin['requirement']} has no {file} (in {folder}).")

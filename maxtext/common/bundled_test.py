@@ -81,6 +81,18 @@ class BundledTest(absltest.TestCase):
       bundled.path("toy")
     self.assertEqual(os.listdir(cache), [])
 
+  def test_an_unwritable_cache_is_one_error_naming_the_variable(self):
+    cache = self._outside_bazel(_fake_pip)
+    not_a_folder = os.path.join(cache, "file")
+    with open(not_a_folder, "w", encoding="utf-8") as f:
+      f.write("")
+    with mock.patch.dict(os.environ, {bundled.CACHE_ENV_VAR: not_a_folder}):
+      with self.assertRaisesRegex(
+          bundled.AssetError,
+          f"Cannot fetch toy==1.0 into {not_a_folder}/toy: .*; set"
+          f" \\${bundled.CACHE_ENV_VAR} to a writable folder"):
+        bundled.path("toy")
+
 
 if __name__ == "__main__":
   absltest.main()
