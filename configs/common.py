@@ -73,6 +73,11 @@ def model_defaults() -> ml_collections.ConfigDict:
       attention_value_norm=False,
       # Global layers rotate this fraction of their pairs (Gemma 4).
       rope_global_fraction=1.0,
+      # Only this fraction of each head's dimensions rotates, as a narrower
+      # head (Qwen3-Next, Qwen3.5).
+      rope_partial_factor=1.0,
+      # The attention output times sigmoid of a gate projection (Qwen3-Next).
+      attention_output_gate=False,
       layer_scalar=False,  # A learned scalar multiplies each block's output.
       # Gemma 4 e2b/e4b: each layer's own input of this width, from a second
       # token embedding (0: off); the last kv_shared_layers layers attend
@@ -113,6 +118,10 @@ def model_defaults() -> ml_collections.ConfigDict:
       num_experts_per_token=1,
       moe_mlp_dim=0,  # Hidden width of one (routed or shared) expert.
       num_shared_experts=0,
+      # The shared experts' width if not num_shared_experts * moe_mlp_dim
+      # (0), and a sigmoid gate on their output (Qwen3-Next).
+      shared_expert_mlp_dim=0,
+      shared_expert_gate=False,
       first_dense_layers=0,  # Leading layers with a dense MLP of mlp_dim.
       moe_layer_interval=1,  # Then experts in every this-many-th layer.
       router_score="softmax",  # Or "sigmoid" (DeepSeek-V3).
@@ -154,6 +163,15 @@ def model_defaults() -> ml_collections.ConfigDict:
       # Multi-token prediction depths (DeepSeek-V3; maxtext.models.mtp).
       mtp_layers=0,
       mtp_loss_weight=0.0,
+      # Gated DeltaNet layers (maxtext.layers.gated_deltanet; Qwen3-Next,
+      # Qwen3.5), 0 key heads: none. Layer i is full attention when
+      # (i + 1) % full_attention_interval == 0 (0: every layer linear).
+      linear_num_key_heads=0,
+      linear_num_value_heads=0,
+      linear_key_head_dim=128,
+      linear_value_head_dim=128,
+      linear_conv_taps=4,
+      full_attention_interval=4,
   ))
 
 
@@ -418,7 +436,8 @@ def base_config() -> ml_collections.ConfigDict:
   # (mesh.ici.sequence > 1) context_parallel "allgather" gathers keys and
   # values whole, "ring" passes them round the devices (maxtext.kernels.ring).
   config.attention_kernel = ml_collections.ConfigDict(dict(
-      impl="auto", block_q=512, block_kv=512, context_parallel="allgather"))
+      impl="auto", block_q=512, block_kv=512, context_parallel="allgather",
+      linear_chunk=64))
   # Pipeline parallelism (maxtext.layers.pipeline), training only: stages
   # follow the `stage` mesh axis; microbatches are batch slices flowing
   # through it (0: one per stage); repeats are passes through the stages (1

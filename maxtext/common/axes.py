@@ -49,7 +49,7 @@ SHAPE_KEY = {
     "R": "query heads per key/value head (H // G)",
     "K": "query/key head dim (MLA: the rotary part)",
     "k": "half the head dim: rotary pairs",
-    "U": "value head dim, where it differs from K (MLA)",
+    "U": "value head dim, where it differs from K (MLA, linear attention)",
     "O": "MLA: the non-rotary part of a query/key head",
     "Q": "MLA: rank of the low-rank query projection",
     "Z": "MLA: width of the compressed key/value latent",
@@ -80,6 +80,10 @@ SHAPE_KEY = {
     "n": "key blocks (tiles) of a kernel",
     "q": "queries per block",
     "s": "keys per block",
+    # Linear attention (the chunked gated delta rule).
+    "j": "chunks of the length",
+    "i": "positions within one chunk",
+    "y": "taps of a causal convolution, less one (its state)",
     # Vision towers.
     "v": "images",
     "t": "patches of an image (the tower's tokens)",

@@ -18,6 +18,9 @@ Kinds, by what a `ModelConfig` sets:
   "global_blocks", "global_dense_blocks": either of the above for a global
     (full attention) layer whose attention has sizes of its own
     (`global_head_dim`, `global_num_kv_heads`: Gemma 4).
+  "linear_blocks", "linear_dense_blocks": a Gated DeltaNet layer
+    (`ModelConfig.linear_attention`: Qwen3-Next, Qwen3.5) in place of
+    attention, with the model's feed-forward or the dense MLP.
   "shared_..." (after "global_"): a layer among the last `kv_shared_layers`,
     which has no key and value projections: it attends over the keys and
     values of the last earlier layer with its span (sliding window or
@@ -146,11 +149,14 @@ class LayerKind:
     global_sizes: Attention of `global_head_dim` and `global_num_kv_heads`.
     kv_shared: No key and value projections: the layer attends over an
       earlier layer's keys and values; its MLP is `mlp.kv_shared_dim` wide.
+    linear: A Gated DeltaNet layer (`maxtext.layers.gated_deltanet`) in
+      place of attention.
   """
   name: str
   experts: bool
   global_sizes: bool = False
   kv_shared: bool = False
+  linear: bool = False
 
   def config(self, cfg: "ModelConfig") -> "ModelConfig":
     """`cfg` as this kind's blocks read it: its attention sizes and MLP
@@ -200,15 +206,18 @@ def layers(cfg: "ModelConfig") -> tuple[Layer, ...]:
   spans = list(zip(cfg.layer_windows(), cfg.pattern.chunks(cfg.num_layers)))
   first_shared = cfg.num_layers - cfg.pattern.kv_shared_layers
   stores = kv_sources(spans, first_shared).values()
+  linear = cfg.linear_attention.linear_layers(cfg.num_layers)
   result = []
   for index, (window, chunk) in enumerate(spans):
     experts = cfg.moe_layer(index)
     sized = global_sizes and window is None and chunk is None
     shared = index >= first_shared
-    name = ("global_" if sized else "") + ("shared_" if shared else "") + (
-        "dense_" if cfg.moe.num_experts and not experts else "") + "blocks"
-    result.append(Layer(LayerKind(name, experts, sized, shared), window,
-                        chunk, stores_kv=index in stores))
+    name = ("linear_" if linear[index] else "") + (
+        "global_" if sized else "") + ("shared_" if shared else "") + (
+            "dense_" if cfg.moe.num_experts and not experts else "") + "blocks"
+    result.append(Layer(LayerKind(name, experts, sized, shared,
+                                  linear[index]), window, chunk,
+                        stores_kv=index in stores))
   return tuple(result)
 
 

@@ -132,3 +132,34 @@ def check_vision(self) -> None:
   if self.per_layer_input_dim:
     fail("vision_layers", self.vision.layers,
          "is not supported with per_layer_input_dim (use 0)")
+
+
+def check_linear_attention(self) -> None:
+  """Gated DeltaNet layers replace attention layers of a plain pattern: no
+  sliding windows or chunks, shared keys and values, or vision tower
+  beside them."""
+  if not self.linear_attention.num_key_heads:
+    return
+  heads = self.linear_attention.num_key_heads
+  for key, value in (("sliding_window", self.pattern.sliding_window),
+                     ("attention_chunk_size",
+                      self.pattern.attention_chunk_size),
+                     ("kv_shared_layers", self.pattern.kv_shared_layers),
+                     ("vision_layers", self.vision.layers)):
+    if value:
+      fail(key, value, f"is not supported with Gated DeltaNet layers "
+           f"(linear_num_key_heads={heads}); use 0")
+
+
+def check_partial_rotary(self) -> None:
+  """A partial rotary rotates an even, non-zero number of dimensions."""
+  factor = self.rope.partial_factor
+  if factor == 1.0:
+    return
+  for head_dim in {self.attention.head_dim,
+                   self.attention.global_head_dim or self.attention.head_dim}:
+    rotated = self.rope.rotated_dim(head_dim)
+    if rotated < 2 or rotated % 2:
+      fail("rope_partial_factor", factor,
+           f"rotates {rotated} of head_dim={head_dim} dimensions; it must "
+           "rotate an even number >= 2")

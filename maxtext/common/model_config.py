@@ -20,6 +20,9 @@ each layer receives only its own part:
              local or global, dense or experts)
   vision     `maxtext.layers.vision.VisionConfig`        (vision_*: the
              vision tower of a vision-language model, none by default)
+  linear_attention
+             `maxtext.layers.gated_deltanet.LinearAttentionConfig`
+             (linear_*: Gated DeltaNet layers, none by default)
 
 Each part's `KEYS` maps its fields to their section keys; an invalid value
 is reported under its key ("ModelConfig.rope_theta=-1.0 is invalid: ...").
@@ -39,6 +42,7 @@ from maxtext.common import layer_pattern as pattern_lib
 from maxtext.common import model_checks
 from maxtext.common import sections
 from maxtext.layers import attention as attention_lib
+from maxtext.layers import gated_deltanet as gated_deltanet_lib
 from maxtext.layers import mla as mla_lib
 from maxtext.layers import mlp as mlp_lib
 from maxtext.layers import moe as moe_lib
@@ -73,6 +77,7 @@ PARTS = {
     "mtp": mtp_lib.MtpConfig,
     "pattern": pattern_lib.PatternConfig,
     "vision": vision_lib.VisionConfig,
+    "linear_attention": gated_deltanet_lib.LinearAttentionConfig,
 }
 
 
@@ -96,8 +101,8 @@ class ModelConfig:
     vocab_size: Number of token ids.
     num_layers: Number of decoder blocks.
     embed_dim: Width of the residual stream.
-    attention, rope, norm, mlp, moe, mla, mtp, pattern, vision: The parts
-      (module doc).
+    attention, rope, norm, mlp, moe, mla, mtp, pattern, vision,
+      linear_attention: The parts (module doc).
     tie_embeddings: The output head reuses the token embedding.
     dtype: Compute dtype name.
     param_dtype: Parameter dtype name.
@@ -142,6 +147,9 @@ class ModelConfig:
       default_factory=pattern_lib.PatternConfig)
   vision: vision_lib.VisionConfig = dataclasses.field(
       default_factory=vision_lib.VisionConfig)
+  linear_attention: gated_deltanet_lib.LinearAttentionConfig = (
+      dataclasses.field(
+          default_factory=gated_deltanet_lib.LinearAttentionConfig))
   tie_embeddings: bool = True
   dtype: str = "float32"
   param_dtype: str = "float32"
@@ -261,6 +269,8 @@ class ModelConfig:
     model_checks.check_mla(self)
     model_checks.check_kv_sharing(self)
     model_checks.check_vision(self)
+    model_checks.check_linear_attention(self)
+    model_checks.check_partial_rotary(self)
 
   def moe_layer(self, layer: int) -> bool:
     """Whether layer `layer` (0-based) has experts instead of a dense MLP."""

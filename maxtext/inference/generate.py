@@ -5,7 +5,8 @@ Batched prompts of different lengths are right-padded to the longest one;
 row b's prompt fills cache slots 0..len_b-1 and its generated tokens go to
 slots len_b, len_b+1, ... Padding never changes a row's result: a padded
 slot is either masked (causal by position) or overwritten by the row's own
-generated token before any query can see it. A row stops at its EOS or any
+generated token before any query can see it, and a Gated DeltaNet layer's
+state skips it (the prefill's `valid_BL`). A row stops at its EOS or any
 other stop token (which is kept) or after `max_new_tokens`; the loop ends
 when every row stopped. Tokens in `suppress_ids` (e.g. a padding token) are
 never generated. The loop also returns the log-probability of each generated
@@ -129,7 +130,9 @@ def _prefill(model, tokens_BL, lengths_B, cache, page_table_BN=None,
                                   tokens_BL.shape)
   images = {} if images_Bvhwe is None else {"images_Bvhwe": images_Bvhwe}
   logits_BLV, cache = model(tokens_BL, positions_BL, cache=cache,
-                            page_table_BN=page_table_BN, **images)
+                            page_table_BN=page_table_BN,
+                            valid_BL=positions_BL < lengths_B[:, None],
+                            **images)
   last_BV = jnp.take_along_axis(logits_BLV, (lengths_B - 1)[:, None, None],
                                 axis=1)[:, 0]
   return logits_BLV, last_BV, cache

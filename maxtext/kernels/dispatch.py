@@ -240,11 +240,14 @@ class Kernel:
     context_parallel: One of `CONTEXT_PARALLELS`: how training attention
       runs when the compute rules split the length (the `sequence` mesh
       axis).
+    linear_chunk: Tokens per chunk of the chunked gated delta rule (linear
+      attention layers: `maxtext.kernels.gated_delta_rule.chunked`).
   """
   impl: str = "auto"
   block_q: int = 512
   block_kv: int = 512
   context_parallel: str = "allgather"
+  linear_chunk: int = 64
 
   def __post_init__(self):
     sections.check_choice("attention_kernel.impl", self.impl, IMPLS)
@@ -252,6 +255,8 @@ class Kernel:
     sections.check_int("attention_kernel.block_kv", self.block_kv, minimum=1)
     sections.check_choice("attention_kernel.context_parallel",
                           self.context_parallel, CONTEXT_PARALLELS)
+    sections.check_int("attention_kernel.linear_chunk", self.linear_chunk,
+                       minimum=1)
 
   def __call__(self, q_BLHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
                **kwargs) -> jax.Array:

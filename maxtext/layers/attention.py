@@ -82,6 +82,9 @@ class AttentionConfig:
     qk_l2_norm: After rotary, queries and keys are divided by their root
       mean square over each head (no scale; `norm_eps`); layers without
       rotary skip it (Llama 4's use_qk_norm).
+    output_gate: The attention's output is multiplied by the sigmoid of a
+      gate projection of the layer's input [D] -> [H, K], per head and
+      dimension, before the output projection (Qwen3-Next, Qwen3.5).
     temperature_scale, temperature_floor_scale: The queries of a layer
       without rotary are multiplied by `1 + temperature_scale *
       log(1 + floor((p + 1) / temperature_floor_scale))` at position p
@@ -102,6 +105,7 @@ class AttentionConfig:
       "global_k_eq_v": "attention_global_k_eq_v",
       "value_norm": "attention_value_norm",
       "qk_l2_norm": "qk_l2_norm",
+      "output_gate": "attention_output_gate",
       "temperature_scale": "attn_temperature_scale",
       "temperature_floor_scale": "attn_temperature_floor_scale",
   }
@@ -123,6 +127,7 @@ class AttentionConfig:
   global_k_eq_v: bool = False
   value_norm: bool = False
   qk_l2_norm: bool = False
+  output_gate: bool = False
   temperature_scale: float = 0.0
   temperature_floor_scale: int = 8192
 
@@ -141,7 +146,8 @@ class AttentionConfig:
     if self.head_dim % 2:
       fail("head_dim", "must be even (rotary embeddings)")
     for name in ("qk_norm", "qkv_bias", "output_bias", "sinks",
-                 "qk_l2_norm", "k_eq_v", "global_k_eq_v", "value_norm"):
+                 "qk_l2_norm", "k_eq_v", "global_k_eq_v", "value_norm",
+                 "output_gate"):
       if not isinstance(getattr(self, name), bool):
         fail(name, "must be True or False")
     if self.qk_norm_over not in QK_NORM_SPANS:
@@ -209,6 +215,9 @@ class Attention(nnx.Module):
   head has a learned sink logit `sinks` [H] (float32 in the kernel)
   joining its softmax denominator, in training and decoding alike.
 
+  With `cfg.output_gate` the attention's output times sigmoid(`gate`(x))
+  goes to the output projection.
+
   With `kv_shared` (a layer kind that shares keys and values:
   `maxtext.common.layer_pattern`) the layer has no key and value
   projections (nor key norm) and attends over another layer's.
@@ -236,6 +245,9 @@ class Attention(nnx.Module):
                           (axes.KV_HEADS, axes.HEAD_DIM), cfg.qkv_bias))
     self.output = project(heads, (embed_dim,), (axes.HEADS, axes.HEAD_DIM),
                           (axes.EMBED,), cfg.output_bias)
+    self.gate = (project((embed_dim,), heads, (axes.EMBED,),
+                         (axes.HEADS, axes.HEAD_DIM))
+                 if cfg.output_gate else None)
     self.sinks = (axes.param(jnp.zeros((cfg.num_heads,),
                                        jnp.dtype(param_dtype)),
                              (axes.HEADS,))
@@ -338,6 +350,9 @@ class Attention(nnx.Module):
                                   sinks_H, image_blocks_BL)
     o_BLHK = checkpoint_name(axes.constrain(o_BLHK, q_names),
                              "attention_context")
+    if self.gate is not None:
+      o_BLHK = (o_BLHK * jax.nn.sigmoid(
+          self.gate(x_BLD).astype(jnp.float32))).astype(o_BLHK.dtype)
     out_BLD = checkpoint_name(self.output(o_BLHK), "out_proj")
     return out_BLD if cache is None else (out_BLD, cache)
 

@@ -145,11 +145,15 @@ def paged_like(cache, *, num_pages: int, page_size: int, impl: str = "auto"):
   """`cache` (a tree of `KVCache`s, holding arrays or only their shapes)
   with every `KVCache` replaced by an empty `PagedKVCache` of the same
   heads, head dim and dtype: `num_pages` pages of `page_size` tokens.
+  Other arrays in the tree (a Gated DeltaNet layer's state) become zeros
+  of their shape.
 
   Layers stacked in `cache` (a leading layer axis) stay stacked: the pages
   get the same leading axes.
   """
   def paged(layer):
+    if not isinstance(layer, KVCache):
+      return jnp.zeros(layer.shape, layer.dtype)
     *leading, _, _, num_kv_heads, head_dim = layer.key_BSGK.shape
     shape = (*leading, num_pages, page_size, num_kv_heads, head_dim)
     return PagedKVCache(jnp.zeros(shape, layer.key_BSGK.dtype),

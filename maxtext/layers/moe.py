@@ -75,6 +75,10 @@ class MoeConfig:
     mlp_dim: Hidden width of one expert (and of one shared expert).
     num_shared_experts: Experts every token also goes through, unweighted,
       as one MLP of width `num_shared_experts * mlp_dim` (DeepSeek).
+    shared_mlp_dim: Width of that MLP when it is not `num_shared_experts *
+      mlp_dim` (Qwen3-Next's shared_expert_intermediate_size); 0: that.
+    shared_expert_gate: The shared experts' output is multiplied by
+      sigmoid(x . w_gate), one learned [embed] vector (Qwen3-Next).
     router_score: "softmax" over the experts (Mixtral, Qwen 3 MoE) or
       per-expert "sigmoid" (DeepSeek-V3).
     router_normalize: The chosen experts' weights are divided by their sum.
@@ -125,6 +129,8 @@ class MoeConfig:
       "num_experts": "num_experts",
       "num_experts_per_token": "num_experts_per_token",
       "mlp_dim": "moe_mlp_dim", "num_shared_experts": "num_shared_experts",
+      "shared_mlp_dim": "shared_expert_mlp_dim",
+      "shared_expert_gate": "shared_expert_gate",
       "router_score": "router_score", "router_normalize": "router_normalize",
       "router_bias": "router_bias",
       "router_bias_update_rate": "router_bias_update_rate",
@@ -147,6 +153,8 @@ class MoeConfig:
   num_experts_per_token: int = 1
   mlp_dim: int = 0
   num_shared_experts: int = 0
+  shared_mlp_dim: int = 0
+  shared_expert_gate: bool = False
   router_score: str = "softmax"
   router_normalize: bool = True
   router_bias: bool = False
@@ -171,7 +179,8 @@ class MoeConfig:
     def fail(field, valid):
       sections.fail_part(self, field, valid)
 
-    for name in ("num_experts", "num_shared_experts", "mlp_dim"):
+    for name in ("num_experts", "num_shared_experts", "mlp_dim",
+                 "shared_mlp_dim"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         fail(name, "must be an integer >= 0")
@@ -179,9 +188,15 @@ class MoeConfig:
                     "expert_gate_up_fused", "weights_on_input",
                     "router_input_norm", "router_per_expert_scale",
                     "with_mlp")
-    for name in expert_flags + ("router_normalize", "router_bias"):
+    for name in expert_flags + ("router_normalize", "router_bias",
+                                "shared_expert_gate"):
       if not isinstance(getattr(self, name), bool):
         fail(name, "must be True or False")
+    if not self.num_shared_experts:
+      for name in ("shared_mlp_dim", "shared_expert_gate"):
+        if getattr(self, name):
+          fail(name, "needs num_shared_experts > 0 (it sizes or gates the "
+               "shared experts)")
     if not self.num_experts:
       for name in ("num_shared_experts",) + expert_flags:
         if getattr(self, name):
@@ -374,12 +389,17 @@ class MoE(nnx.Module):
         if cfg.router_per_expert_scale else None)
     if cfg.num_shared_experts:
       self.shared = mlp.MLP(
-          mlp.MlpConfig(dim=cfg.num_shared_experts * hidden,
+          mlp.MlpConfig(dim=cfg.shared_mlp_dim or
+                        cfg.num_shared_experts * hidden,
                         activation=activation),
           embed_dim=embed_dim, dtype=dtype, param_dtype=param_dtype.name,
           rngs=rngs)
     else:
       self.shared = None
+    self.shared_gate = (
+        linear.Linear((dim,), (1,), in_axes=(axes.EMBED,), out_axes=(None,),
+                      dtype=dtype, param_dtype=param_dtype.name, rngs=rngs)
+        if cfg.shared_expert_gate else None)
 
   def __call__(self, x_BLD: jax.Array,
                residual_BLD: jax.Array | None = None
@@ -431,7 +451,10 @@ class MoE(nnx.Module):
       y_TD = moe_experts.dense_experts(x_TD, routing, weights)
     y_BLD = y_TD.reshape(batch, length, dim)
     if self.shared is not None:
-      y_BLD = y_BLD + self.shared(x_BLD)
+      shared_BLD = self.shared(x_BLD)
+      if self.shared_gate is not None:
+        shared_BLD = shared_BLD * jax.nn.sigmoid(self.shared_gate(x_BLD))
+      y_BLD = y_BLD + shared_BLD
     load_E = moe_experts.expert_counts(routing.experts_TA, cfg.num_experts)
     balance = load_balance_loss(routing, cfg.num_experts, load_E)
     z_loss = router_z_loss(logits_TE)

@@ -11,7 +11,8 @@ embeddings with their own base; global layers use the configured scaling,
 or none at all (`global_nope`: Llama 4's NoPE layers), or on a fraction of
 their dimensions only (`global_fraction`: Gemma 4's "proportional" rotary,
 whose frequencies are those of the whole head, the pairs past the fraction
-not rotating).
+not rotating), or on their first dimensions as a narrower head of its own
+(`partial_factor`: Qwen3-Next's and Qwen3.5's partial rotary).
 
 Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
@@ -99,9 +100,11 @@ def attention_factor(scaling: str, factor: float, mscale: float = 0.0,
 
 @dataclasses.dataclass(frozen=True)
 class Rotary:
-  """Cosines and sines [B, L, K // 2] of the rotation at each position,
+  """Cosines and sines [B, L, R // 2] of the rotation at each position,
   times a constant `scale` (YaRN's attention factor; 1 otherwise); with
-  `interleaved`, pair k rotates dimensions (2k, 2k + 1), else (k, k + K/2)."""
+  `interleaved`, pair k rotates dimensions (2k, 2k + 1), else (k, k + R/2).
+  R is the head dim K, or less: then the first R dimensions of each head
+  rotate and the rest pass unchanged (`RopeConfig.partial_factor`)."""
 
   cos_BLk: jax.Array
   sin_BLk: jax.Array
@@ -117,6 +120,10 @@ class Rotary:
 
   def apply(self, x_BLHK: jax.Array) -> jax.Array:
     """Rotates each pair of dimensions by the position's angle."""
+    rotated_dim = 2 * self.cos_BLk.shape[-1]
+    if rotated_dim < x_BLHK.shape[-1]:
+      return jnp.concatenate([self.apply(x_BLHK[..., :rotated_dim]),
+                              x_BLHK[..., rotated_dim:]], axis=-1)
     x = x_BLHK.astype(jnp.float32)
     cos = self.cos_BLk[:, :, None, :]
     sin = self.sin_BLk[:, :, None, :]
@@ -158,6 +165,10 @@ class RopeConfig:
       floor(fraction * K / 2) pairs, at the frequencies of a K-wide head;
       the other pairs keep frequency 0 (Gemma 4's "proportional" rotary
       with its partial_rotary_factor); 1.0: every pair.
+    partial_factor: Only the first partial_factor * K dimensions of each
+      head rotate, as a head of that width (its own frequencies, pairs
+      (k, k + R/2)); the rest pass unrotated (Qwen3-Next's and Qwen3.5's
+      partial_rotary_factor); 1.0: the whole head.
   """
 
   KEYS: ClassVar[dict[str, str]] = {
@@ -173,6 +184,7 @@ class RopeConfig:
       "yarn_mscale_all_dim": "rope_yarn_mscale_all_dim",
       "interleaved": "rope_interleaved", "global_nope": "rope_global_nope",
       "global_fraction": "rope_global_fraction",
+      "partial_factor": "rope_partial_factor",
   }
 
   theta: float = 10_000.0
@@ -190,6 +202,7 @@ class RopeConfig:
   interleaved: bool = False
   global_nope: bool = False
   global_fraction: float = 1.0
+  partial_factor: float = 1.0
 
   def __post_init__(self):
     def fail(field, valid):
@@ -224,10 +237,18 @@ class RopeConfig:
     if not 0 < self.global_fraction <= 1:
       fail("global_fraction", "must be in (0, 1] (1.0: every dimension "
            "rotates)")
+    if not 0 < self.partial_factor <= 1:
+      fail("partial_factor", "must be in (0, 1] (1.0: the whole head "
+           "rotates)")
+
+  def rotated_dim(self, head_dim: int) -> int:
+    """How many of a head's `head_dim` dimensions rotate."""
+    return int(self.partial_factor * head_dim)
 
   def global_inverse_frequencies(self, head_dim: int) -> np.ndarray:
     """Frequencies of global layers: base `theta` with the scaling, 0
     past `global_fraction` of the pairs."""
+    head_dim = self.rotated_dim(head_dim)
     inv_freq = inverse_frequencies(
         head_dim, self.theta, self.scaling, self.scaling_factor,
         self.low_freq_factor, self.high_freq_factor, self.original_max_length,
@@ -242,7 +263,7 @@ class RopeConfig:
 
   def local_inverse_frequencies(self, head_dim: int) -> np.ndarray:
     """Frequencies of local (sliding window) layers: base `local_theta`."""
-    return inverse_frequencies(head_dim, self.local_theta)
+    return inverse_frequencies(self.rotated_dim(head_dim), self.local_theta)
 
   def global_rotary(self, positions_BL: jax.Array,
                     head_dim: int) -> "Rotary":

@@ -18,6 +18,7 @@ from maxtext.common import layer_pattern
 from maxtext.common.model_config import ModelConfig
 from maxtext.kernels import dispatch
 from maxtext.layers import attention
+from maxtext.layers import gated_deltanet
 from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import linear
 from maxtext.layers import mla
@@ -50,12 +51,18 @@ def embed_norm(cfg: ModelConfig) -> norm.RMSNorm:
 
 
 def make_attention(cfg: ModelConfig, *, kernel: dispatch.Kernel,
-                   rngs: nnx.Rngs, kv_shared: bool = False
-                   ) -> attention.Attention | mla.MLA:
+                   rngs: nnx.Rngs, kv_shared: bool = False,
+                   linear: bool = False
+                   ) -> attention.Attention | mla.MLA | (
+                       gated_deltanet.GatedDeltaNet):
   """The attention of `cfg` (GQA or MLA) from its parts; `kv_shared`: it
-  reads another layer's keys and values."""
+  reads another layer's keys and values; `linear`: a Gated DeltaNet layer
+  instead."""
   widths = dict(embed_dim=cfg.embed_dim, dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype, kernel=kernel, rngs=rngs)
+  if linear:
+    return gated_deltanet.GatedDeltaNet(cfg.linear_attention,
+                                        norm_eps=cfg.norm.eps, **widths)
   if cfg.attention.type == "mla":
     return mla.MLA(cfg.attention, cfg.mla, cfg.rope, **widths)
   return attention.Attention(cfg.attention, norm_config=cfg.norm,
@@ -84,8 +91,10 @@ class Block(nnx.Module):
     experts = kind.experts
     cfg = kind.config(cfg)
     self.pre_attention_norm = embed_norm(cfg) if cfg.pre_norms else None
-    self.attention = make_attention(cfg, kernel=kernel, rngs=rngs,
-                                    kv_shared=kind.kv_shared)
+    attention = make_attention(cfg, kernel=kernel, rngs=rngs,
+                               kv_shared=kind.kv_shared, linear=kind.linear)
+    self.attention = None if kind.linear else attention
+    self.linear_attention = attention if kind.linear else None
     self.post_attention_norm = embed_norm(cfg) if cfg.post_norms else None
     self.pre_mlp_norm = embed_norm(cfg) if cfg.pre_norms else None
     widths = dict(embed_dim=cfg.embed_dim, dtype=cfg.dtype,
@@ -121,7 +130,8 @@ class Block(nnx.Module):
                cache: kv_cache_lib.KVCache | None = None,
                inputs: LayerInputs = LayerInputs(),
                store_kv: bool = False,
-               image_blocks_BL: jax.Array | None = None):
+               image_blocks_BL: jax.Array | None = None,
+               valid_BL: jax.Array | None = None):
     """Returns (new residual stream, cache or None, moe aux dict or None,
     its keys and values or None); `rotary` None: the layer has none.
 
@@ -129,8 +139,14 @@ class Block(nnx.Module):
     values, another layer's. `store_kv` (no cache): return this layer's
     keys and values for the layers that share them. `image_blocks_BL`:
     tokens of one image attend to each other (`attention.Attention`).
+    `valid_BL` (with a cache): which tokens are real, for a Gated DeltaNet
+    layer's state (`gated_deltanet.GatedDeltaNet`).
     """
     h_BLD = _norm(self.pre_attention_norm, x_BLD)
+    if self.linear_attention is not None:
+      h_BLD = self.linear_attention(h_BLD, segment_ids_BL=segment_ids_BL,
+                                    cache=cache, valid_BL=valid_BL)
+      return self._feed_forward(x_BLD, h_BLD, cache, inputs, None)
     kv = inputs.kv
     if store_kv and cache is None:
       kv = self.attention.keys_values(h_BLD, rotary)
@@ -142,6 +158,12 @@ class Block(nnx.Module):
     h_BLD = self.attention(h_BLD, rotary, window=window, chunk=chunk,
                            segment_ids_BL=segment_ids_BL, cache=cache,
                            positions_BL=positions_BL, **gqa_only)
+    return self._feed_forward(x_BLD, h_BLD, cache, inputs,
+                              kv if store_kv else None)
+
+  def _feed_forward(self, x_BLD, h_BLD, cache, inputs, kv):
+    """The block after its attention's output `h_BLD` (with a cache, with
+    the new cache), as `__call__` returns it."""
     if cache is not None:
       h_BLD, cache = h_BLD
     if self.post_attention_norm is not None:
@@ -167,7 +189,7 @@ class Block(nnx.Module):
           self.per_layer_projection(h_BLP))
     if self.scalar is not None:
       x_BLD = x_BLD * self.scalar[...].astype(x_BLD.dtype)
-    return x_BLD, cache, aux, kv if store_kv else None
+    return x_BLD, cache, aux, kv
 
 
 def _norm(norm_layer: norm.RMSNorm | None, x_BLD: jax.Array) -> jax.Array:
@@ -199,7 +221,8 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
                  positions_BL: jax.Array, segment_ids_BL: jax.Array | None, *,
                  cached: bool, page_table_BN: jax.Array | None = None,
                  remat_config: remat.RematConfig = remat.RematConfig(),
-                 image_blocks_BL: jax.Array | None = None):
+                 image_blocks_BL: jax.Array | None = None,
+                 valid_BL: jax.Array | None = None):
   """`run_block(block, x_BLD, layer, layer_cache, inputs) -> (x_BLD,
   layer_cache, aux, kv)` for the layers of `pattern`, `inputs` its
   `LayerInputs`, aux the block's MoE aux dict or None, kv the keys and
@@ -211,7 +234,9 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
   layer that stores them, reads it and returns it unchanged. Otherwise
   `layer_cache` is None and each block runs under `remat_config`.
   `image_blocks_BL`: each image's tokens attend to each other
-  (`maxtext.layers.vision.image_blocks`).
+  (`maxtext.layers.vision.image_blocks`). `valid_BL` (cached): which tokens
+  are real (a Gated DeltaNet layer's state skips a prompt's padding); a
+  Gated DeltaNet layer's cache is its own, never paged.
   """
   rotaries = {None: None}  # Built here, outside the layers' scans, once
   for layer in pattern:     # per key.
@@ -225,13 +250,15 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
 
   if cached:
     def run_block(block, x_BLD, layer, layer_cache, inputs):
-      if page_table_BN is not None:
+      paged = page_table_BN is not None and not layer.kind.linear
+      if paged:
         layer_cache = kv_cache_lib.PagedView(layer_cache, page_table_BN)
       x_BLD, layer_cache, aux, _ = block(
           x_BLD, rotary_of(layer), window=layer.window, chunk=layer.chunk,
           segment_ids_BL=segment_ids_BL, positions_BL=positions_BL,
-          cache=layer_cache, inputs=inputs, image_blocks_BL=image_blocks_BL)
-      if page_table_BN is not None:
+          cache=layer_cache, inputs=inputs, image_blocks_BL=image_blocks_BL,
+          valid_BL=valid_BL)
+      if paged:
         layer_cache = layer_cache.pages
       return axes.constrain(x_BLD, RESIDUAL), layer_cache, aux, None
     return run_block
@@ -256,11 +283,12 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
 
 def _rotary_key(cfg: ModelConfig, layer: layer_pattern.Layer):
   """What a layer's rotary depends on: local or global, and its head size;
-  None for a global layer without rotary (`cfg.rope.global_nope`).
+  None for a global layer without rotary (`cfg.rope.global_nope`) and a
+  Gated DeltaNet layer.
 
   Local layers share the global rotary when `cfg.rope.local_theta` is
   None."""
-  if layer.is_global and cfg.rope.global_nope:
+  if layer.kind.linear or (layer.is_global and cfg.rope.global_nope):
     return None
   local = not layer.is_global and cfg.rope.local_theta is not None
   return local, layer.kind.config(cfg).attention.head_dim

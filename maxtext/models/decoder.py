@@ -120,6 +120,7 @@ from maxtext.common import axes
 from maxtext.common import layer_pattern
 from maxtext.common.model_config import ModelConfig
 from maxtext.layers import embedding
+from maxtext.layers import gated_deltanet
 from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import linear
 from maxtext.layers import mla
@@ -201,10 +202,14 @@ class Decoder(nnx.Module):
   def init_cache(self, batch: int, length: int):
     """An empty KV cache for `batch` rows of up to `length` positions:
     {kind name: its layers' caches} (None for a kind that shares keys and
-    values, each of its layers None without scan_layers)."""
+    values, each of its layers None without scan_layers; a Gated DeltaNet
+    kind's `DeltaNetCache`, whatever the length)."""
     cfg = self.cfg
 
-    def empty(kind_cfg):
+    def empty(kind_cfg, linear):
+      if linear:
+        return gated_deltanet.DeltaNetCache.zeros(
+            kind_cfg.linear_attention, batch, jnp.dtype(kind_cfg.dtype))
       if kind_cfg.attention.type == "mla":  # The compressed latent.
         return mla.empty_cache(kind_cfg.mla, kind_cfg.attention.head_dim,
                                kind_cfg.dtype, batch, length)
@@ -217,7 +222,7 @@ class Decoder(nnx.Module):
       if kind.kv_shared:
         caches[kind.name] = None if cfg.scan_layers else (None,) * count
         continue
-      layer = empty(kind.config(cfg))
+      layer = empty(kind.config(cfg), kind.linear)
       caches[kind.name] = (
           jax.tree.map(lambda a, n=count: jnp.broadcast_to(a, (n, *a.shape)),
                        layer)
@@ -233,6 +238,7 @@ class Decoder(nnx.Module):
       cache=None,
       page_table_BN: jax.Array | None = None,
       images_Bvhwe: jax.Array | None = None,
+      valid_BL: jax.Array | None = None,
   ):
     """Returns float32 logits [B, L, V] (and the cache when one is given).
 
@@ -253,6 +259,9 @@ class Decoder(nnx.Module):
         `image_embeddings`), and attend to the other tokens of their
         image. With a cache, the images' placeholders must all be among
         these tokens.
+      valid_BL: With a cache, which tokens are real (bool [B, L], a prefix
+        of each row; None: all): a Gated DeltaNet layer's state skips a
+        right-padded prompt's padding, as attention's causal mask does.
 
     Raises:
       ValueError: a paged cache without a page table, or a table without;
@@ -279,7 +288,8 @@ class Decoder(nnx.Module):
                                          cached=cache is not None,
                                          page_table_BN=page_table_BN,
                                          remat_config=self.execution.remat,
-                                         image_blocks_BL=image_blocks_BL)
+                                         image_blocks_BL=image_blocks_BL,
+                                         valid_BL=valid_BL)
       x_BLD, cache, auxes = layer_stack.run_layers(
           cfg, self._stacks(), self.pattern, x_BLD, run_block, cache,
           self._per_layer_inputs(tokens_BL, x_BLD))

@@ -46,6 +46,15 @@ class ParamMap:
     permuted: Hugging Face stores `ours.transpose(permuted)` (a torch
       `Conv2d` weight [out, in, p, p] of our patch projection [p, p, in,
       out]: (3, 2, 0, 1)).
+    conv1d: Hugging Face stores our [..., taps] (channels by the leading
+      axes) as a torch depthwise `Conv1d` weight [channels, 1, taps].
+    rows: (groups, start, stop): the parameter is part of a Hugging Face
+      tensor that holds several: with that tensor's first axis (a torch
+      `Linear` weight's outputs) viewed as [groups, n], its rows start ..
+      stop - 1 of every group, laid out as above (Qwen3-Next's fused
+      projections: per key head, its query, key, values and gates).
+      `to_ours` takes the whole tensor, `to_hf` gives the part
+      (`hf_weights` joins the parts).
   """
 
   path: tuple[str, ...]
@@ -56,11 +65,18 @@ class ParamMap:
   halves: bool = False
   swapped: bool = False
   permuted: tuple[int, ...] | None = None
+  conv1d: bool = False
+  rows: tuple[int, int, int] | None = None
 
   def to_ours(self, hf_array: np.ndarray, shape: Sequence[int],
               name: str | None = None) -> np.ndarray:
     """Hugging Face array (named `name`, default `hf_name`) -> our layout of
     `shape`; ValueError naming both shapes if it has the wrong one."""
+    if self.rows:
+      groups, start, stop = self.rows
+      if hf_array.ndim and hf_array.shape[0] % groups == 0:
+        hf_array = hf_array.reshape(groups, -1, *hf_array.shape[1:])[
+            :, start:stop].reshape(-1, *hf_array.shape[1:])
     if hf_array.shape != self.hf_shape(shape):
       raise ValueError(f"{name or self.hf_name}: shape {hf_array.shape} does not fit "
                        f"our parameter {'.'.join(self.path)} of shape "
@@ -79,6 +95,8 @@ class ParamMap:
   def hf_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
     """Hugging Face shape of our parameter of `shape`."""
     shape = tuple(shape)
+    if self.conv1d:
+      return (math.prod(shape[:-1]), 1, shape[-1])
     if self.permuted:
       return tuple(shape[axis] for axis in self.permuted)
     if self.in_ndim:
@@ -91,6 +109,8 @@ class ParamMap:
 
   def to_hf(self, array: np.ndarray) -> np.ndarray:
     """Our array -> Hugging Face layout."""
+    if self.conv1d:
+      return array.reshape(self.hf_shape(array.shape))
     if self.permuted:
       return np.ascontiguousarray(array.transpose(self.permuted))
     if self.in_ndim:
@@ -293,10 +313,14 @@ COMMON_BLOCK_PARAMS = (
 
 def block_param(path: tuple[str, ...], hf_suffix: str, *,
                 flatten: bool = False, interleaved: bool = False,
-                halves: bool = False, swapped: bool = False) -> ParamMap:
-  """A per-layer entry without a transpose, e.g. a norm scale or a bias."""
-  return ParamMap(path, _block(hf_suffix), flatten=flatten,
-                  interleaved=interleaved, halves=halves, swapped=swapped)
+                halves: bool = False, swapped: bool = False,
+                in_ndim: int = 0, conv1d: bool = False,
+                rows: tuple[int, int, int] | None = None) -> ParamMap:
+  """A per-layer entry, e.g. a norm scale or a bias (`in_ndim` > 0: a
+  torch `Linear` weight)."""
+  return ParamMap(path, _block(hf_suffix), in_ndim=in_ndim, flatten=flatten,
+                  interleaved=interleaved, halves=halves, swapped=swapped,
+                  conv1d=conv1d, rows=rows)
 
 
 # Llama's "post_attention_layernorm" normalises the MLP input (so do Mistral,

@@ -34,10 +34,12 @@ projector from the family's `HF_VISION_PARAMS` and, per encoder layer,
 `vision_model.` level dropped), and exports the whole checkpoint as
 transformers 5 saves it (`hf_name`); for a model without one the vision
 weights are skipped and their count is logged. So are the
-weights a family's `hf_skipped_weights(cfg)` names (checkpoint weights its
-reference implementation ignores too).
+weights a family's `hf_skipped_weights(cfg)` names and those under its
+`HF_SKIPPED_PREFIXES` (checkpoint weights its reference implementation
+ignores too, e.g. Qwen3-Next's multi-token prediction module).
 """
 
+import collections
 from collections.abc import Iterable, Iterator, Mapping
 
 from absl import logging
@@ -87,7 +89,7 @@ def _entries(model: nnx.Module) -> Iterator[
       blocks.append((stack, layers))
     else:
       blocks.extend(zip(stack, layers))
-  for entry in family.HF_BLOCK_PARAMS:
+  for entry in registry.hf_block_params(model.cfg):
     for block, layers in blocks:
       variable = _variable(block, entry.path)
       if variable is not None:
@@ -274,6 +276,8 @@ def load_hf_weights(model: nnx.Module,
     used.update(beyond)
   skipped = set(names) & getattr(family, "hf_skipped_weights",
                                  lambda _: frozenset())(cfg)
+  skipped |= {name for name in names
+              if name.startswith(getattr(family, "HF_SKIPPED_PREFIXES", ()))}
   if skipped:
     logging.info("Skipping %d Hugging Face weights the %s model does not "
                  "use: %s", len(skipped), cfg.family, sorted(skipped))
@@ -314,14 +318,28 @@ def iter_hf_weights(model: nnx.Module) -> Iterator[tuple[str, np.ndarray]]:
   """Yields `model`'s parameters as (Hugging Face name, numpy array), one at
   a time, so a writer can store each before the next is made."""
 
+  entries = list(_entries(model))
+  # Tensors several parameters share (`ParamMap.rows`): their parts, joined
+  # once all have come.
+  parts_needed = collections.Counter(
+      entry.hf_name.format(layer=layer)
+      for entry, _, layers in entries if entry.rows
+      for layer in ([layers] if isinstance(layers, int) else layers or [0]))
+  parts = collections.defaultdict(list)
+
   def tensors(entry, name, array):
+    if entry.rows:
+      parts[name].append((entry.rows, entry.to_hf(array)))
+      if len(parts[name]) < parts_needed[name]:
+        return []
+      return [(hf_name(model, name), _joined(name, parts.pop(name)))]
     if "{expert}" not in name:
       return [(hf_name(model, name), entry.to_hf(array))]
     return [(hf_name(model, name.format(expert=expert)),
              entry.to_hf(expert_array))
             for expert, expert_array in enumerate(array)]
 
-  for entry, variable, layers in _entries(model):
+  for entry, variable, layers in entries:
     array = np.asarray(variable[...])
     if layers is None:
       yield from tensors(entry, entry.hf_name, array)
@@ -333,6 +351,21 @@ def iter_hf_weights(model: nnx.Module) -> Iterator[tuple[str, np.ndarray]]:
                            layer_array)
   for name, entry, variable in _mtp_copies(model):
     yield name, entry.to_hf(np.asarray(variable[...]))
+
+
+def _joined(name: str, parts) -> np.ndarray:
+  """The Hugging Face tensor `name` of its `parts` ((groups, start, stop),
+  rows): each group's rows in order; ValueError if they leave a gap."""
+  parts = sorted(parts, key=lambda part: part[0][1])
+  groups = parts[0][0][0]
+  stops = [0] + [stop for (_, _, stop), _ in parts[:-1]]
+  if [start for (_, start, _), _ in parts] != stops or any(
+      rows[0] != groups for rows, _ in parts):
+    raise ValueError(f"The parts of Hugging Face tensor {name!r} do not "
+                     f"tile it: {[rows for rows, _ in parts]}.")
+  return np.concatenate(
+      [array.reshape(groups, -1, *array.shape[1:]) for _, array in parts],
+      axis=1).reshape(-1, *parts[0][1].shape[1:])
 
 
 def to_hf_weights(model: nnx.Module) -> dict[str, np.ndarray]:

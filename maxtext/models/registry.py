@@ -7,7 +7,9 @@ A family is a module in `maxtext/models/` that exposes:
     statement of them; `configs/<family>.py` adds sizes).
   model_config_from_hf(hf_config: dict) -> ModelConfig.
   HF_PARAMS: `maxtext.models.hf_weights.ParamMap` entries for the
-    Hugging Face checkpoint layout.
+    Hugging Face checkpoint layout; per layer, HF_BLOCK_PARAMS, or
+    `hf_block_params(cfg)` where the entries depend on the sizes
+    (`hf_block_params` below serves both).
   HF_MODEL_TYPE, HF_ARCHITECTURE: the Hugging Face `config.json` model_type
     and architecture class name.
   hf_config_from_model_config(cfg) -> dict: the `config.json` of `cfg`.
@@ -35,8 +37,11 @@ from maxtext.models import mistral
 from maxtext.models import mixtral
 from maxtext.models import olmo3
 from maxtext.models import qwen2_5
+from maxtext.models import qwen3_5
+from maxtext.models import qwen3_5_moe
 from maxtext.models import qwen3
 from maxtext.models import qwen3_moe
+from maxtext.models import qwen3_next
 
 FAMILIES: dict[str, types.ModuleType] = {
     "deepseek2": deepseek2,
@@ -53,8 +58,11 @@ FAMILIES: dict[str, types.ModuleType] = {
     "mixtral": mixtral,
     "olmo3": olmo3,
     "qwen2_5": qwen2_5,
+    "qwen3_5": qwen3_5,
+    "qwen3_5_moe": qwen3_5_moe,
     "qwen3": qwen3,
     "qwen3_moe": qwen3_moe,
+    "qwen3_next": qwen3_next,
 }
 
 # Hugging Face `config.json` model_type -> family. Llama 2 checkpoints have
@@ -76,12 +84,19 @@ HF_MODEL_TYPES: dict[str, str] = {
     "olmo3": "olmo3",
     "qwen2": "qwen2_5",
     "qwen3": "qwen3",
+    "qwen3_5": "qwen3_5",  # Multimodal (text decoder only).
+    "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5_moe",  # Multimodal (text decoder only).
+    "qwen3_5_moe_text": "qwen3_5_moe",
     "qwen3_moe": "qwen3_moe",
+    "qwen3_next": "qwen3_next",
 }
 # Multimodal architectures whose text decoder is a family.
 HF_MULTIMODAL_ARCHITECTURES: dict[str, str] = {
     "Gemma3ForConditionalGeneration": "gemma3",
     "Gemma4ForConditionalGeneration": "gemma4",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
 }
 HF_ARCHITECTURES: dict[str, str] = {
     **{FAMILIES[family].HF_ARCHITECTURE: family
@@ -128,6 +143,14 @@ def family_module(family: str) -> types.ModuleType:
     raise ValueError(
         f"Unknown model family {family!r}; valid families: {sorted(FAMILIES)}.")
   return FAMILIES[family]
+
+
+def hf_block_params(cfg: ModelConfig) -> tuple:
+  """The per-layer Hugging Face entries of `cfg`'s family and sizes."""
+  module = family_module(cfg.family)
+  if hasattr(module, "hf_block_params"):
+    return module.hf_block_params(cfg)
+  return module.HF_BLOCK_PARAMS
 
 
 def create_model(cfg: ModelConfig, *, rngs: nnx.Rngs,

@@ -204,7 +204,7 @@ def _hf_names(cfg: ModelConfig) -> dict[tuple[Any, ...], str]:
   unscanned model of `cfg`."""
   family = registry.family_module(cfg.family)
   names = {entry.path: entry.hf_name for entry in family.HF_PARAMS}
-  for entry in family.HF_BLOCK_PARAMS:
+  for entry in registry.hf_block_params(cfg):
     for name, layers in layer_pattern.kind_layers(cfg).items():
       for slot, layer in enumerate(layers):
         names[(name, slot, *entry.path)] = entry.hf_name.format(layer=layer)
