@@ -69,7 +69,7 @@ def assert_round_trip(hf_model: torch.nn.Module, cfg: ModelConfig,
 
 def max_logit_diff(hf_model: torch.nn.Module, cfg: ModelConfig,
                    tokens_BL: np.ndarray, *, attention_impl: str = "auto",
-                   **overrides) -> float:
+                   linear_chunk: int = 64, **overrides) -> float:
   """Largest |our logit - HF logit| with HF weights loaded into our model.
 
   Args:
@@ -77,12 +77,14 @@ def max_logit_diff(hf_model: torch.nn.Module, cfg: ModelConfig,
     cfg: Our config of the same architecture (`model_config_from_hf`).
     tokens_BL: Token ids.
     attention_impl: Our attention kernel (`attention_kernel.impl`).
+    linear_chunk: Chunk of Gated DeltaNet layers (`attention_kernel`).
     **overrides: ModelConfig fields to change (scan_layers).
   """
   cfg = cfg.replace(**overrides)
   model = hf_weights.model_from_hf_weights(
       cfg, state_dict(hf_model), execution.Execution(
-          attention_kernel=dispatch.Kernel(impl=attention_impl)))
+          attention_kernel=dispatch.Kernel(impl=attention_impl,
+                                           linear_chunk=linear_chunk)))
   logits = nnx.jit(lambda m, t: m(t))(model, jnp.asarray(tokens_BL))
   with torch.no_grad():
     want = hf_model(torch.tensor(tokens_BL)).logits.numpy()

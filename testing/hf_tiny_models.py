@@ -14,6 +14,10 @@ from testing import hf_reference
 SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=96,
              num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
+# Gated DeltaNet then full attention (Qwen3-Next, Qwen3.5).
+_LINEAR = dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+               linear_key_head_dim=16, linear_value_head_dim=8,
+               layer_types=["linear_attention", "full_attention"])
 # family -> (config class, model class, config changes, norm mean).
 FAMILIES = {
     "llama3": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
@@ -118,6 +122,17 @@ FAMILIES = {
                   transformers.Qwen3MoeForCausalLM,
                   dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
                        moe_intermediate_size=32, norm_topk_prob=True), 1.0),
+    # A Gated DeltaNet layer (2 key heads, 4 value heads) then a gated full
+    # attention layer rotating a quarter of its heads; 4 experts, top 2,
+    # and a gated shared expert.
+    "qwen3_next": (transformers.Qwen3NextConfig,
+                   transformers.Qwen3NextForCausalLM,
+                   dict(_LINEAR, num_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=32,
+                        shared_expert_intermediate_size=48), 0.0),
+    # The same layers with a dense MLP; fused q, k, v projections.
+    "qwen3_5": (transformers.Qwen3_5TextConfig,
+                transformers.Qwen3_5ForCausalLM, dict(_LINEAR), 0.0),
 }
 
 

@@ -20,7 +20,10 @@ from configs import mixtral
 from configs import olmo3
 from configs import qwen2_5
 from configs import qwen3
+from configs import qwen3_5
+from configs import qwen3_5_moe
 from configs import qwen3_moe
+from configs import qwen3_next
 from maxtext.common.model_config import ModelConfig
 
 # family -> its config module (`configs/<family>.py`).
@@ -28,7 +31,9 @@ CONFIG_MODULES = {
     "deepseek2": deepseek2, "deepseek3": deepseek3, "gemma": gemma, "gemma2": gemma2,
     "gemma3": gemma3, "gemma4": gemma4, "gpt_oss": gpt_oss, "llama2": llama2, "llama3": llama3,
     "llama4": llama4,    "mistral": mistral, "mixtral": mixtral, "olmo3": olmo3,
-    "qwen2_5": qwen2_5, "qwen3": qwen3, "qwen3_moe": qwen3_moe,
+    "qwen2_5": qwen2_5, "qwen3": qwen3, "qwen3_5": qwen3_5,
+    "qwen3_5_moe": qwen3_5_moe, "qwen3_moe": qwen3_moe,
+    "qwen3_next": qwen3_next,
 }
 
 
@@ -45,6 +50,12 @@ def tiny_model_config(family: str, *, window: int,
     model.global_head_dim = 16
   if model.global_num_kv_heads:
     model.global_num_kv_heads = 1
+  if model.linear_num_key_heads:  # Gated DeltaNet, full attention, DeltaNet.
+    model.update(linear_num_key_heads=2, linear_num_value_heads=4,
+                 linear_key_head_dim=8, linear_value_head_dim=8,
+                 full_attention_interval=2)
+  if model.shared_expert_mlp_dim:
+    model.shared_expert_mlp_dim = 16
   if model.attention_type == "mla":  # Per-head keys and values.
     model.update(num_kv_heads=4, q_lora_rank=16, kv_lora_rank=16,
                  qk_nope_head_dim=8, v_head_dim=8)

@@ -19,6 +19,18 @@ layer's keys and values have no key and value projections). Per-layer inputs
 D*layers*P and each layer's gate and projection 2*D*P (their token
 embedding is a lookup).
 
+A Gated DeltaNet layer (`linear_attention`: G key heads of width K, H value
+heads of width U) has projections D*G*K (query, key), D*H*U (value, output
+gate), D*H (beta, decay) and H*U*D (output), and its convolutions
+taps*(2*G*K + H*U) multiply-adds per token. In place of attention's scores
+it runs the chunked gated delta rule (`maxtext.kernels.gated_delta_rule`),
+per token and head, in chunks of C multiply-adds: its rows of the chunk's
+key-key and query-key products 2*C*K, its share of the triangular solve
+C*(U+K)/2, two reads and one write of the state 3*K*U, and its row of the
+scores times the chunk's values C*U; 2 FLOPs each, times 3 for training,
+whatever the length: work linear in it (`linear_chunk` C, the execution's
+`attention_kernel.linear_chunk`).
+
 A vision tower (`vision_flops_per_image`) counts per image: its patch
 projection p*p*3*d and layers 4*d*d + 2*d*F per patch (t patches), its
 bidirectional attention 4*t*d per patch per layer, and the projector u*d*D;
@@ -60,8 +72,9 @@ PEAK_FLOPS_BY_DEVICE_KIND = (
 def matmul_params(cfg: ModelConfig) -> int:
   """Parameters used in matmuls by one token, output head included (and
   the multi-token prediction modules, which training runs too)."""
-  layers = sum(attention_params(layer.kind.config(cfg),
-                                kv_shared=layer.kind.kv_shared) +
+  layers = sum((linear_attention_params(cfg) if layer.kind.linear else
+                attention_params(layer.kind.config(cfg),
+                                 kv_shared=layer.kind.kv_shared)) +
                mlp_params_per_token(layer.kind.config(cfg),
                                     layer.kind.experts)
                for layer in layer_pattern.layers(cfg))
@@ -97,15 +110,26 @@ def attention_params(cfg: ModelConfig, *, kv_shared: bool = False) -> int:
   return query + kv + heads * cfg.mla.v_head_dim * cfg.embed_dim
 
 
+def linear_attention_params(cfg: ModelConfig) -> int:
+  """Matmul parameters of one Gated DeltaNet layer (projections only)."""
+  linear = cfg.linear_attention
+  keys = linear.num_key_heads * linear.key_head_dim
+  values = linear.num_value_heads * linear.value_head_dim
+  return cfg.embed_dim * (2 * keys + 3 * values +
+                          2 * linear.num_value_heads)
+
+
 def mlp_params_per_token(cfg: ModelConfig, experts: bool) -> int:
   """Matmul parameters of a layer's MLP (or its `experts`) one token
   uses."""
   dense = 3 * cfg.embed_dim * cfg.mlp.dim
   if not experts:
     return dense
-  experts = cfg.moe.num_experts_per_token + cfg.moe.num_shared_experts
-  return (cfg.embed_dim * (cfg.moe.num_experts +
-                           3 * experts * cfg.moe.mlp_dim)
+  shared = cfg.moe.shared_mlp_dim or (cfg.moe.num_shared_experts *
+                                      cfg.moe.mlp_dim)
+  return (cfg.embed_dim * (cfg.moe.num_experts + 3 * cfg.moe.mlp_dim *
+                           cfg.moe.num_experts_per_token + 3 * shared +
+                           int(cfg.moe.shared_expert_gate))
           + (dense if cfg.moe.with_mlp else 0))
 
 
@@ -121,10 +145,23 @@ def mean_attended_keys(window: int | None, seq_len: int,
   return window - window * (window - 1) / (2 * seq_len)
 
 
-def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-  """Training FLOPs of attention scores and values, per token."""
+def attention_flops_per_token(cfg: ModelConfig, seq_len: int,
+                              linear_chunk: int = 64) -> float:
+  """Training FLOPs of attention scores and values (of a Gated DeltaNet
+  layer, its delta rule in chunks of `linear_chunk` and convolutions), per
+  token."""
   total = 0.0
+  linear = cfg.linear_attention
   for layer in layer_pattern.layers(cfg):
+    if layer.kind.linear:
+      chunk = min(linear_chunk, seq_len)
+      keys, values = linear.key_head_dim, linear.value_head_dim
+      per_head = (2 * chunk * keys + chunk * (values + keys) / 2 +
+                  3 * keys * values + chunk * values)
+      conv = linear.conv_taps * (2 * linear.num_key_heads * keys +
+                                 linear.num_value_heads * values)
+      total += 6 * (linear.num_value_heads * per_head + conv)
+      continue
     kind_cfg = layer.kind.config(cfg)
     # Query-key and probability-value widths (they differ with MLA).
     qk_dim = kind_cfg.attention.head_dim + kind_cfg.mla.qk_nope_head_dim
@@ -134,9 +171,12 @@ def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
   return total
 
 
-def training_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-  """Forward + backward FLOPs per trained token at sequence length seq_len."""
-  return 6 * matmul_params(cfg) + attention_flops_per_token(cfg, seq_len)
+def training_flops_per_token(cfg: ModelConfig, seq_len: int,
+                             linear_chunk: int = 64) -> float:
+  """Forward + backward FLOPs per trained token at sequence length seq_len
+  (Gated DeltaNet layers in chunks of `linear_chunk`)."""
+  return 6 * matmul_params(cfg) + attention_flops_per_token(
+      cfg, seq_len, linear_chunk)
 
 
 def peak_flops_per_device(device_kind: str | None = None,

@@ -191,7 +191,8 @@ def prepare(experiment: ExperimentConfig,
 
   throughput = hooks_lib.Throughput(
       tokens_per_step=batch_size * seq_len, num_devices=mesh.size,
-      flops_per_token=flops.training_flops_per_token(model_config, seq_len),
+      flops_per_token=flops.training_flops_per_token(
+          model_config, seq_len, experiment.attention_kernel.linear_chunk),
       peak_flops_per_device=flops.peak_flops_per_device(
           override=experiment.logging.peak_flops_per_device))
   return Prepared(state=state, start_step=start_step, batches=batches,
