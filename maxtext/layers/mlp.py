@@ -72,10 +72,11 @@ class MlpConfig:
 
 class MLP(nnx.Module):
   """Gated MLP with a SiLU (SwiGLU), tanh-GELU (GeGLU) or clamped SwiGLU
-  unit."""
+  unit; with `output_gate` its output times sigmoid(x . w), w a learned
+  [embed] vector `output_gate` (Qwen3-Next's gated shared expert)."""
 
   def __init__(self, cfg: MlpConfig, *, embed_dim: int, dtype: str,
-               param_dtype: str, rngs: nnx.Rngs):
+               param_dtype: str, rngs: nnx.Rngs, output_gate: bool = False):
     def project(in_dim, out_dim, in_axis, out_axis):
       return linear.Linear((in_dim,), (out_dim,), in_axes=(in_axis,),
                            out_axes=(out_axis,), dtype=dtype,
@@ -85,6 +86,8 @@ class MLP(nnx.Module):
     self.up = project(embed_dim, cfg.dim, axes.EMBED, axes.MLP)
     self.down = project(cfg.dim, embed_dim, axes.MLP, axes.EMBED)
     self.gated_unit = GATED_UNITS[cfg.activation]
+    self.output_gate = (project(embed_dim, 1, axes.EMBED, None)
+                        if output_gate else None)
 
   def __call__(self, x_BLD: jax.Array) -> jax.Array:
     hidden_names = (axes.BATCH, axes.LENGTH, axes.MLP)
@@ -93,4 +96,7 @@ class MLP(nnx.Module):
     up_BLF = checkpoint_name(axes.constrain(self.up(x_BLD), hidden_names),
                              "mlp_up")
     h_BLF = checkpoint_name(self.gated_unit(gate_BLF, up_BLF), "mlp_hidden")
-    return checkpoint_name(self.down(h_BLF), "mlp_out")
+    out_BLD = checkpoint_name(self.down(h_BLF), "mlp_out")
+    if self.output_gate is None:
+      return out_BLD
+    return out_BLD * jax.nn.sigmoid(self.output_gate(x_BLD))

@@ -20,7 +20,7 @@ The routed experts (gated MLPs), the three ways to run them
 are in `maxtext.layers.moe_experts`.
 
 Auxiliary losses (`MoE.__call__` returns them with the output, already
-weighted by the config): the load-balancing loss
+weighted by the config): the load-balancing loss (`moe_experts.load_balance_loss`)
 `E * sum_e f_e * p_e` with f_e the number of assignments to expert e divided
 by T and p_e the mean router probability of e (Switch Transformer, as
 Mixtral's `load_balancing_loss_func`; k when perfectly balanced), and the
@@ -32,8 +32,7 @@ DeepSeek's auxiliary-loss-free balancing moves the selection bias against
 each expert's load (`update_router_bias`): the layer reports its experts'
 loads, the decoder sows them and the train step moves the bias after each
 update by `MoeConfig.router_bias_update_rate`
-(`Decoder.update_router_bias`). The
-bias is a `RouterBias` variable, not a `nnx.Param`: it lives in the train
+(`Decoder.update_router_bias`). The bias is a `RouterBias` variable, not a `nnx.Param`: it lives in the train
 state's `model_state`, out of reach of the gradients, the optimizer and
 its weight decay.
 
@@ -192,11 +191,9 @@ class MoeConfig:
                                 "shared_expert_gate"):
       if not isinstance(getattr(self, name), bool):
         fail(name, "must be True or False")
-    if not self.num_shared_experts:
-      for name in ("shared_mlp_dim", "shared_expert_gate"):
-        if getattr(self, name):
-          fail(name, "needs num_shared_experts > 0 (it sizes or gates the "
-               "shared experts)")
+    for name in ("shared_mlp_dim", "shared_expert_gate"):
+      if getattr(self, name) and not self.num_shared_experts:
+        fail(name, "needs num_shared_experts > 0 (shared experts to size)")
     if not self.num_experts:
       for name in ("num_shared_experts",) + expert_flags:
         if getattr(self, name):
@@ -283,23 +280,6 @@ def route(logits_TE: jax.Array, cfg: MoeConfig,
   return moe_experts.Routing(weights_TA * cfg.routed_scaling_factor,
                              experts_TA.astype(jnp.int32), probs_TE,
                              cfg.weights_on_input)
-
-
-def load_balance_loss(routing: moe_experts.Routing, num_experts: int,
-                      counts_E: jax.Array | None = None) -> jax.Array:
-  """`E * sum_e (count_e / T) * mean_t probs[t, e]` (float32); `counts_E`:
-  `moe_experts.expert_counts` of the routing when the caller has them."""
-  tokens = routing.probs_TE.shape[0]
-  if counts_E is None:
-    counts_E = moe_experts.expert_counts(routing.experts_TA, num_experts)
-  fraction_E = counts_E / tokens
-  return num_experts * jnp.sum(fraction_E * routing.probs_TE.mean(0))
-
-
-def router_z_loss(logits_TE: jax.Array) -> jax.Array:
-  """Mean over tokens of logsumexp(router logits)^2 (float32)."""
-  return jnp.mean(jnp.square(jax.nn.logsumexp(
-      logits_TE.astype(jnp.float32), axis=-1)))
 
 
 def load_imbalance(load_lE: jax.Array) -> jax.Array:
@@ -393,13 +373,9 @@ class MoE(nnx.Module):
                         cfg.num_shared_experts * hidden,
                         activation=activation),
           embed_dim=embed_dim, dtype=dtype, param_dtype=param_dtype.name,
-          rngs=rngs)
+          rngs=rngs, output_gate=cfg.shared_expert_gate)
     else:
       self.shared = None
-    self.shared_gate = (
-        linear.Linear((dim,), (1,), in_axes=(axes.EMBED,), out_axes=(None,),
-                      dtype=dtype, param_dtype=param_dtype.name, rngs=rngs)
-        if cfg.shared_expert_gate else None)
 
   def __call__(self, x_BLD: jax.Array,
                residual_BLD: jax.Array | None = None
@@ -451,13 +427,11 @@ class MoE(nnx.Module):
       y_TD = moe_experts.dense_experts(x_TD, routing, weights)
     y_BLD = y_TD.reshape(batch, length, dim)
     if self.shared is not None:
-      shared_BLD = self.shared(x_BLD)
-      if self.shared_gate is not None:
-        shared_BLD = shared_BLD * jax.nn.sigmoid(self.shared_gate(x_BLD))
-      y_BLD = y_BLD + shared_BLD
+      y_BLD = y_BLD + self.shared(x_BLD)
     load_E = moe_experts.expert_counts(routing.experts_TA, cfg.num_experts)
-    balance = load_balance_loss(routing, cfg.num_experts, load_E)
-    z_loss = router_z_loss(logits_TE)
+    balance = moe_experts.load_balance_loss(routing, cfg.num_experts,
+                                            load_E)
+    z_loss = moe_experts.router_z_loss(logits_TE)
     aux = {
         "loss": (cfg.load_balance_loss_weight * balance
                  + cfg.router_z_loss_weight * z_loss),

@@ -354,3 +354,20 @@ def capacity_experts(x_TD, routing: Routing, w: ExpertWeights,
   y_TD = jnp.zeros_like(x_TD, dtype=y_YD.dtype).at[token_of].add(
       _weighted(y_YD, routing, assignments))
   return y_TD, jnp.sum(~kept_Y)
+
+
+def load_balance_loss(routing: Routing, num_experts: int,
+                      counts_E: jax.Array | None = None) -> jax.Array:
+  """`E * sum_e (count_e / T) * mean_t probs[t, e]` (float32); `counts_E`:
+  `expert_counts` of the routing when the caller has them."""
+  tokens = routing.probs_TE.shape[0]
+  if counts_E is None:
+    counts_E = expert_counts(routing.experts_TA, num_experts)
+  fraction_E = counts_E / tokens
+  return num_experts * jnp.sum(fraction_E * routing.probs_TE.mean(0))
+
+
+def router_z_loss(logits_TE: jax.Array) -> jax.Array:
+  """Mean over tokens of logsumexp(router logits)^2 (float32)."""
+  return jnp.mean(jnp.square(jax.nn.logsumexp(
+      logits_TE.astype(jnp.float32), axis=-1)))

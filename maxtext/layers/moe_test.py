@@ -155,13 +155,13 @@ class LossesTest(absltest.TestCase):
     p = probs.mean(0)  # (0.35, 0.325, 0.325)
     want = 3 * (0.5 * p[0] + 0.25 * p[1] + 0.25 * p[2])  # 1.0125
     self.assertAlmostEqual(want, 1.0125, places=6)
-    self.assertAlmostEqual(float(moe.load_balance_loss(routing, 3)), want,
+    self.assertAlmostEqual(float(moe_experts.load_balance_loss(routing, 3)), want,
                            places=6)
 
   def test_router_z_loss(self):
     logits = np.random.RandomState(2).normal(size=(5, 4))
     want = np.mean(np.log(np.exp(logits).sum(-1))**2)
-    self.assertAlmostEqual(float(moe.router_z_loss(jnp.asarray(logits))),
+    self.assertAlmostEqual(float(moe_experts.router_z_loss(jnp.asarray(logits))),
                            want, places=5)
 
   def test_update_router_bias(self):

@@ -108,8 +108,8 @@ SHARED_EXPERT_PARAMS = tuple(
     _block(("moe", "shared", name, "kernel"),
            f"mlp.shared_expert.{name}_proj.weight", 1)
     for name in ("gate", "up", "down")) + (
-        _block(("moe", "shared_gate", "kernel"), "mlp.shared_expert_gate.weight",
-               1),)
+        _block(("moe", "shared", "output_gate", "kernel"),
+               "mlp.shared_expert_gate.weight", 1),)
 EXPERT_PARAMS = hf_params.expert_params("mlp", "gate", gate="gate_proj",
                                         up="up_proj", down="down_proj")
 
