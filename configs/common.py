@@ -494,3 +494,16 @@ def base_config() -> ml_collections.ConfigDict:
   config.logging.profile_steps = 3
 
   return config
+
+
+# The sizes Qwen3-Next (`configs/qwen3_next.py`) and Qwen3.5
+# (`configs/qwen3_5.py`, `configs/qwen3_5_moe.py`) share, and their experts'.
+QWEN3_NEXT_SIZES = dict(
+    num_heads=16, num_kv_heads=2, head_dim=256, tie_embeddings=False,
+    rope_theta=10_000_000.0, rope_partial_factor=0.25,
+    linear_num_key_heads=16, linear_num_value_heads=32,
+    linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_taps=4,
+    full_attention_interval=4)
+QWEN3_NEXT_MOE_SIZES = dict(num_shared_experts=1, shared_expert_gate=True,
+                            router_normalize=True,
+                            load_balance_loss_weight=0.001)

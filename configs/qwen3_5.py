@@ -12,7 +12,6 @@ multi-token prediction modules are not part of this model).
 import ml_collections
 
 from configs import common
-from configs import qwen3_next
 
 # What each variant changes from the defaults set in `get_config`.
 VARIANTS = {
@@ -30,4 +29,4 @@ VARIANTS = {
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
   return common.family_config("qwen3_5", arg, VARIANTS,
-                              **qwen3_next.SHARED_SIZES, vocab_size=248_320)
+                              **common.QWEN3_NEXT_SIZES, vocab_size=248_320)

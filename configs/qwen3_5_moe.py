@@ -14,7 +14,6 @@ this model; mlp_dim, which no layer uses, is the experts' width).
 import ml_collections
 
 from configs import common
-from configs import qwen3_next
 
 # What each variant changes from the defaults set in `get_config`.
 VARIANTS = {
@@ -35,6 +34,6 @@ VARIANTS = {
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
   return common.family_config(
-      "qwen3_5_moe", arg, VARIANTS, **qwen3_next.SHARED_SIZES,
-      **qwen3_next.MOE_SIZES, vocab_size=248_320, num_experts=256,
+      "qwen3_5_moe", arg, VARIANTS, **common.QWEN3_NEXT_SIZES,
+      **common.QWEN3_NEXT_MOE_SIZES, vocab_size=248_320, num_experts=256,
       num_experts_per_token=8, moe_mlp_dim=512, shared_expert_mlp_dim=512)

@@ -29,18 +29,7 @@ VARIANTS = {
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
   return common.family_config(
-      "qwen3_next", arg, VARIANTS, **SHARED_SIZES, vocab_size=151_936,
-      num_experts=512, num_experts_per_token=10, moe_mlp_dim=512,
-      shared_expert_mlp_dim=512, **MOE_SIZES)
+      "qwen3_next", arg, VARIANTS, **common.QWEN3_NEXT_SIZES,
+      vocab_size=151_936, num_experts=512, num_experts_per_token=10, moe_mlp_dim=512,
+      shared_expert_mlp_dim=512, **common.QWEN3_NEXT_MOE_SIZES)
 
-
-# The sizes Qwen3-Next and Qwen3.5 (`configs/qwen3_5.py`,
-# `configs/qwen3_5_moe.py`) share.
-SHARED_SIZES = dict(
-    num_heads=16, num_kv_heads=2, head_dim=256, tie_embeddings=False,
-    rope_theta=10_000_000.0, rope_partial_factor=0.25,
-    linear_num_key_heads=16, linear_num_value_heads=32,
-    linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_taps=4,
-    full_attention_interval=4)
-MOE_SIZES = dict(num_shared_experts=1, shared_expert_gate=True,
-                 router_normalize=True, load_balance_loss_weight=0.001)

@@ -314,5 +314,25 @@ class SharedKvAcrossShardsTest(absltest.TestCase):
     _assert_trees_close(self, grads, want[1], scaled_atol=1e-3)
 
 
+class GatedDeltaNetAcrossShardsTest(absltest.TestCase):
+  """Qwen3-Next's layers (Gated DeltaNet, gated full attention, experts with
+  a gated shared expert) over fsdp, tensor, expert and sequence: the loss
+  and gradients equal one device's (the sequence axis gathers the length
+  around the delta rule's scan over chunks)."""
+
+  def test_sharded_equals_single_device(self):
+    devices.require_devices(8)
+    cfg = tiny_configs.tiny_model_config("qwen3_next", window=4,
+                                         num_layers=4)
+    state = _state({"data": -1}, jax.devices()[:1], model_config=cfg)
+    want = _loss_grads_and_update(state, _batch(state))
+    state = _state({"data": 1, "fsdp": 2, "tensor": 2, "sequence": 2},
+                   jax.devices(), model_config=cfg)
+    self.assertIn("tensor", _sharded_axes(state.params["linear_blocks"]))
+    loss, grads, _ = _loss_grads_and_update(state, _batch(state))
+    np.testing.assert_allclose(float(loss), float(want[0]), rtol=_RTOL)
+    _assert_trees_close(self, grads, want[1], scaled_atol=1e-3)
+
+
 if __name__ == "__main__":
   absltest.main()

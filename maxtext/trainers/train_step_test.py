@@ -195,7 +195,7 @@ class TrainStepTest(parameterized.TestCase):
   # values, their MLP twice as wide).
   @parameterized.parameters(
       (None, {}), ("olmo3", {}), ("deepseek2", {}), ("llama4", {}),
-      ("gemma4", {}),
+      ("gemma4", {}), ("qwen3_next", {}),
       ("gemma4", dict(num_layers=6, per_layer_input_dim=8,
                       kv_shared_layers=3, mlp_kv_shared_dim=96)))
   def test_loss_falls_on_a_repeated_batch(self, family, changes):
