@@ -228,15 +228,24 @@ class GatedDeltaNet(nnx.Module):
       raise ValueError("A Gated DeltaNet layer with a cache takes no "
                        "segment_ids_BL (one sequence per row).")
     batch, length, _ = x_BLD.shape
+    # The convolution and the delta rule run over the whole length: a
+    # sequence-sharded length is gathered around them (`whole`), and the
+    # output goes back to `names`.
     names = (axes.BATCH, axes.LENGTH)
-    raw = [self.query(x_BLD), self.key(x_BLD), self.value(x_BLD)]
+    whole = (axes.BATCH, axes.KV_LENGTH)
+    if segment_ids_BL is not None:
+      segment_ids_BL = axes.constrain(segment_ids_BL, whole)
+    raw = [axes.constrain(x, whole + (axes.KV_HEADS if i < 2 else axes.HEADS,
+                                      axes.HEAD_DIM))
+           for i, x in enumerate((self.query(x_BLD), self.key(x_BLD),
+                                  self.value(x_BLD)))]
     convs = (self.query_conv, self.key_conv, self.value_conv)
     states = ((None,) * 3 if cache is None else
               (cache.query_BYGK, cache.key_BYGK, cache.value_BYHU))
     q_BLGK, k_BLGK, v_BLHU = (
         axes.constrain(causal_conv(x, w[...], segment_ids_BL=segment_ids_BL,
                                    state_ByNK=s),
-                       names + (axes.KV_HEADS if i < 2 else axes.HEADS,
+                       whole + (axes.KV_HEADS if i < 2 else axes.HEADS,
                                 axes.HEAD_DIM))
         for i, (x, w, s) in enumerate(zip(raw, convs, states)))
     repeats = v_BLHU.shape[2] // q_BLGK.shape[2]
@@ -247,6 +256,8 @@ class GatedDeltaNet(nnx.Module):
     g_BLH = -jnp.exp(self.log_rate[...].astype(jnp.float32)) * (
         jax.nn.softplus(self.decay(x_BLD).astype(jnp.float32) +
                         self.decay_bias[...].astype(jnp.float32)))
+    g_BLH, beta_BLH = (axes.constrain(x, whole + (axes.HEADS,))
+                       for x in (g_BLH, beta_BLH))
     if cache is None:
       o_BLHU, _ = gated_delta_rule.chunked(
           q_BLHK, k_BLHK, v_BLHU, g_BLH, beta_BLH, chunk=self.chunk,
@@ -270,8 +281,9 @@ class GatedDeltaNet(nnx.Module):
       valid_B = jnp.sum(valid_BL, axis=1, dtype=jnp.int32)
       cache = DeltaNetCache(*(_conv_state(x, s, valid_B)
                               for x, s in zip(raw, states)), state_BHKU)
-    o_BLHU = axes.constrain(o_BLHU.astype(self.dtype),
-                            names + (axes.HEADS, axes.HEAD_DIM))
+    o_BLHU = axes.constrain(
+        axes.constrain(o_BLHU, whole + (axes.HEADS, axes.HEAD_DIM)).astype(
+            self.dtype), names + (axes.HEADS, axes.HEAD_DIM))
     gate_BLHU = jax.nn.silu(self.gate(x_BLD).astype(jnp.float32))
     o_BLHU = (self.norm(o_BLHU).astype(jnp.float32) * gate_BLHU).astype(
         self.dtype)
