@@ -199,15 +199,19 @@ def merged_params(model: nnx.Module, cfg: ModelConfig,
   return params_checkpoint.model_params(target)
 
 
-def _hf_names(cfg: ModelConfig) -> dict[tuple[Any, ...], str]:
-  """{(module path..., parameter name): Hugging Face weight name} of the
-  unscanned model of `cfg`."""
+def _hf_names(cfg: ModelConfig
+              ) -> dict[tuple[Any, ...], tuple[str, bool]]:
+  """{(module path..., parameter name): (Hugging Face weight name, whether
+  the parameter is only part of that weight)} of the unscanned model of
+  `cfg`."""
   family = registry.family_module(cfg.family)
-  names = {entry.path: entry.hf_name for entry in family.HF_PARAMS}
+  names = {entry.path: (entry.hf_name, entry.rows is not None)
+           for entry in family.HF_PARAMS}
   for entry in registry.hf_block_params(cfg):
     for name, layers in layer_pattern.kind_layers(cfg).items():
       for slot, layer in enumerate(layers):
-        names[(name, slot, *entry.path)] = entry.hf_name.format(layer=layer)
+        names[(name, slot, *entry.path)] = (entry.hf_name.format(layer=layer),
+                                            entry.rows is not None)
   return names
 
 
@@ -217,7 +221,8 @@ def peft_adapter(model: nnx.Module, cfg: ModelConfig, config: LoraConfig
 
   Raises:
     ValueError: the model has no adapters, or one sits on a parameter
-      without a Hugging Face name.
+      without a Hugging Face name or on part of a fused Hugging Face weight
+      (Qwen3-Next's in_proj_qkvz: a PEFT adapter adapts a whole weight).
   """
   hf_names = _hf_names(cfg)
   weights, targets = {}, set()
@@ -227,11 +232,16 @@ def peft_adapter(model: nnx.Module, cfg: ModelConfig, config: LoraConfig
           (_LORA_A, _LORA_B)) else None
       if adapters is None:
         continue
-      hf_name = hf_names.get((*path, name))
-      if hf_name is None or not hf_name.endswith(".weight"):
+      where = f"{'/'.join(map(str, path))}/{name}"
+      hf_name, part = hf_names.get((*path, name), ("", False))
+      if not hf_name.endswith(".weight"):
+        raise ValueError(f"The adapter of {where} has no Hugging Face weight"
+                         " to attach to.")
+      if part:
         raise ValueError(
-            f"The adapter of {'/'.join(map(str, path))}/{name} has no Hugging"
-            " Face weight to attach to.")
+            f"The adapter of {where} adapts only part of the Hugging Face"
+            f" weight {hf_name}, which PEFT cannot express; leave that"
+            " module out of lora.module_path to export a PEFT adapter.")
       prefix = "base_model.model." + hf_name[:-len(".weight")]
       lora_a, lora_b = (np.asarray(x, np.float32) for x in adapters)
       weights[prefix + ".lora_A.weight"] = np.ascontiguousarray(lora_a.T)

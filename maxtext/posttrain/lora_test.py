@@ -1,6 +1,7 @@
 """Tests LoRA/QLoRA through a real SFT run on a tiny model: only the
 adapters train, the merged export computes what the adapted model computes,
-and the PEFT adapter rebuilds the merged Hugging Face weights."""
+and the PEFT adapter rebuilds the merged Hugging Face weights (and is refused
+for an adapter on part of a fused Hugging Face weight)."""
 
 import json
 import os
@@ -16,10 +17,12 @@ from safetensors import numpy as safetensors_numpy
 from maxtext.checkpoint import params_checkpoint
 from maxtext.checkpoint import safetensors_io
 from maxtext.models import hf_weights
+from maxtext.models import registry
 from maxtext.posttrain import base_model
 from maxtext.posttrain import lora
 from maxtext.posttrain import posttrain_testing as pt
 from maxtext.posttrain import sft
+from testing import tiny_configs
 
 _TOKENS = jnp.asarray([[3, 14, 15, 92, 65, 35, 89, 79]], jnp.int32)
 
@@ -142,6 +145,25 @@ class QloraTest(absltest.TestCase):
     print(f"QLoRA merged (dequantized base) vs adapted: max |logit diff| ="
           f" {diff:.2g}")
     self.assertLess(diff, 1e-4)
+
+
+class PeftExportTest(absltest.TestCase):
+
+  def test_adapter_on_part_of_a_fused_weight_is_refused(self):
+    """Qwen3-Next's Gated DeltaNet query is rows of the Hugging Face weight
+    in_proj_qkvz: a PEFT adapter on it would adapt the whole weight."""
+    cfg = tiny_configs.tiny_model_config("qwen3_next", window=4,
+                                         scan_layers=False)
+    config = lora.LoraConfig(mode="lora", rank=2,
+                             module_path=r".*linear_attention/query")
+    model = lora.apply_lora(
+        registry.create_model(cfg, rngs=nnx.Rngs(0)), config, seed=0,
+        example_tokens=jnp.arange(8)[None])
+    with self.assertRaisesRegex(
+        ValueError, r"linear_attention/query/kernel adapts only part of the"
+        r" Hugging Face weight model\.layers\.0\.linear_attn\.in_proj_qkvz"
+        r"\.weight"):
+      lora.peft_adapter(model, cfg, config)
 
 
 if __name__ == "__main__":
