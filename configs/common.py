@@ -160,6 +160,11 @@ def model_defaults() -> ml_collections.ConfigDict:
       qk_nope_head_dim=0,  # MLA: non-rotary part of query/key heads.
       v_head_dim=0,  # MLA: value head width.
       rope_interleave=False,  # MLA: rotary pairs (0, 1), (2, 3), ...
+      # MLA: DeepSeek Sparse Attention (DeepSeek-V3.2), each query attends
+      # to the index_topk tokens its indexer scores highest; 0: dense.
+      index_topk=0,
+      index_num_heads=0,
+      index_head_dim=0,
       # Multi-token prediction depths (DeepSeek-V3; maxtext.models.mtp).
       mtp_layers=0,
       mtp_loss_weight=0.0,
@@ -498,6 +503,29 @@ def base_config() -> ml_collections.ConfigDict:
 
 # The sizes Qwen3-Next (`configs/qwen3_next.py`) and Qwen3.5
 # (`configs/qwen3_5.py`, `configs/qwen3_5_moe.py`) share, and their experts'.
+# DeepSeek-V3's sizes and training settings (configs/deepseek3.py), which
+# DeepSeek-V3.2 keeps (configs/deepseek3_2.py).
+DEEPSEEK3_SIZES = dict(
+    vocab_size=129_280, num_layers=61, embed_dim=7168, mlp_dim=18_432,
+    moe_mlp_dim=2048, num_heads=128, num_kv_heads=128, head_dim=64,
+    tie_embeddings=False, norm_eps=1e-6, q_lora_rank=1536, kv_lora_rank=512,
+    qk_nope_head_dim=128, v_head_dim=128, rope_interleave=True,
+    rope_theta=10_000.0, rope_scaling="yarn", rope_scaling_factor=40.0,
+    rope_original_max_length=4096, rope_yarn_beta_fast=32.0,
+    rope_yarn_beta_slow=1.0, rope_yarn_mscale=1.0,
+    rope_yarn_mscale_all_dim=1.0, num_experts=256, num_experts_per_token=8,
+    num_shared_experts=1, first_dense_layers=3, router_normalize=True,
+    router_bias_update_rate=0.001, routed_scaling_factor=2.5,
+    num_expert_groups=8, expert_groups_per_token=4,
+    load_balance_loss_weight=1e-4, mtp_layers=1, mtp_loss_weight=0.1)
+# DeepSeek-V3's small CPU variant, which DeepSeek-V3.2's small one extends.
+DEEPSEEK3_SMALL = dict(
+    vocab_size=32_000, num_layers=4, embed_dim=256, mlp_dim=512,
+    moe_mlp_dim=128, num_heads=4, num_kv_heads=4, head_dim=16,
+    q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=32, v_head_dim=32,
+    num_experts=16, num_experts_per_token=4, num_expert_groups=4,
+    expert_groups_per_token=2, first_dense_layers=1, rope_scaling_factor=4.0,
+    rope_original_max_length=64)
 QWEN3_NEXT_SIZES = dict(
     num_heads=16, num_kv_heads=2, head_dim=256, tie_embeddings=False,
     rope_theta=10_000_000.0, rope_partial_factor=0.25,

@@ -47,13 +47,7 @@ _KIMI_K2 = dict(
 
 # What each variant changes from the defaults set in `get_config`.
 VARIANTS = {
-    "small": dict(vocab_size=32_000, num_layers=4, embed_dim=256,
-                  mlp_dim=512, moe_mlp_dim=128, num_heads=4, num_kv_heads=4,
-                  head_dim=16, q_lora_rank=64, kv_lora_rank=64,
-                  qk_nope_head_dim=32, v_head_dim=32, num_experts=16,
-                  num_experts_per_token=4, num_expert_groups=4,
-                  expert_groups_per_token=2, first_dense_layers=1,
-                  rope_scaling_factor=4.0, rope_original_max_length=64),
+    "small": common.DEEPSEEK3_SMALL,
     "tiny": dict(vocab_size=32_000, num_layers=3, embed_dim=64, mlp_dim=128,
                  moe_mlp_dim=32, num_heads=4, num_kv_heads=4, head_dim=8,
                  q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
@@ -68,18 +62,5 @@ VARIANTS = {
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of variant `arg` (None means "small")."""
-  return common.family_config(
-      "deepseek3", arg, VARIANTS, vocab_size=129_280, num_layers=61,
-      embed_dim=7168, mlp_dim=18_432, moe_mlp_dim=2048, num_heads=128,
-      num_kv_heads=128, head_dim=64, tie_embeddings=False, norm_eps=1e-6,
-      q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-      v_head_dim=128, rope_interleave=True,
-      rope_theta=10_000.0, rope_scaling="yarn", rope_scaling_factor=40.0,
-      rope_original_max_length=4096, rope_yarn_beta_fast=32.0,
-      rope_yarn_beta_slow=1.0, rope_yarn_mscale=1.0,
-      rope_yarn_mscale_all_dim=1.0, num_experts=256,
-      num_experts_per_token=8, num_shared_experts=1, first_dense_layers=3,
-      router_normalize=True,
-      router_bias_update_rate=0.001, routed_scaling_factor=2.5,
-      num_expert_groups=8, expert_groups_per_token=4,
-      load_balance_loss_weight=1e-4, mtp_layers=1, mtp_loss_weight=0.1)
+  return common.family_config("deepseek3", arg, VARIANTS,
+                              **common.DEEPSEEK3_SIZES)

@@ -18,6 +18,17 @@ SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=96,
 _LINEAR = dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
                linear_key_head_dim=16, linear_value_head_dim=8,
                layer_types=["linear_attention", "full_attention"])
+# MLA with low-rank queries and interleaved YaRN rotary; the first layer
+# dense, then 8 sigmoid-routed experts in 4 groups + one shared.
+_DEEPSEEK3 = dict(num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=24,
+                  kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=12,
+                  v_head_dim=10, moe_intermediate_size=32,
+                  n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+                  topk_group=2, n_shared_experts=1, first_k_dense_replace=1,
+                  routed_scaling_factor=2.5, rope_parameters=dict(
+                      rope_type="yarn", rope_theta=10_000.0, factor=4.0,
+                      original_max_position_embeddings=16, beta_fast=32.0,
+                      beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0))
 # family -> (config class, model class, config changes, norm mean).
 FAMILIES = {
     "llama3": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
@@ -27,22 +38,15 @@ FAMILIES = {
                1.0),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM,
                 dict(head_dim=16, sliding_window=5), 1.0),
-    # MLA with low-rank queries and interleaved YaRN rotary; the first
-    # layer dense, then 8 sigmoid-routed experts in 4 groups + one shared.
     "deepseek3": (transformers.DeepseekV3Config,
-                  transformers.DeepseekV3ForCausalLM,
-                  dict(num_hidden_layers=3, num_key_value_heads=4,
-                       q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8,
-                       qk_nope_head_dim=12, v_head_dim=10,
-                       moe_intermediate_size=32, n_routed_experts=8,
-                       num_experts_per_tok=2, n_group=4, topk_group=2,
-                       n_shared_experts=1, first_k_dense_replace=1,
-                       routed_scaling_factor=2.5, rope_parameters=dict(
-                           rope_type="yarn", rope_theta=10_000.0,
-                           factor=4.0, original_max_position_embeddings=16,
-                           beta_fast=32.0, beta_slow=1.0, mscale=1.0,
-                           mscale_all_dim=1.0)),
-                  1.0),
+                  transformers.DeepseekV3ForCausalLM, _DEEPSEEK3, 1.0),
+    # The same with DeepSeek Sparse Attention: each query attends to the 4
+    # tokens its indexer scores highest (16 heads: no two scores tie, where
+    # torch's and our top-k could pick differently).
+    "deepseek3_2": (transformers.DeepseekV32Config,
+                    transformers.DeepseekV32ForCausalLM,
+                    dict(_DEEPSEEK3, num_experts=8, index_topk=4,
+                         index_n_heads=16, index_head_dim=16), 1.0),
     # MLA without low-rank queries, interleaved YaRN rotary (mscale_all_dim
     # 0: transformers 5.12 leaves its softmax factor out); the first layer
     # dense, then 8 softmax-routed experts in 4 groups scored by their best

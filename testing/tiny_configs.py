@@ -7,6 +7,7 @@ the local/global pattern kept), for tests that run every family.
 
 from configs import deepseek2
 from configs import deepseek3
+from configs import deepseek3_2
 from configs import gemma
 from configs import gemma2
 from configs import gemma3
@@ -28,9 +29,11 @@ from maxtext.common.model_config import ModelConfig
 
 # family -> its config module (`configs/<family>.py`).
 CONFIG_MODULES = {
-    "deepseek2": deepseek2, "deepseek3": deepseek3, "gemma": gemma, "gemma2": gemma2,
-    "gemma3": gemma3, "gemma4": gemma4, "gpt_oss": gpt_oss, "llama2": llama2, "llama3": llama3,
-    "llama4": llama4,    "mistral": mistral, "mixtral": mixtral, "olmo3": olmo3,
+    "deepseek2": deepseek2, "deepseek3": deepseek3,
+    "deepseek3_2": deepseek3_2, "gemma": gemma, "gemma2": gemma2,
+    "gemma3": gemma3, "gemma4": gemma4, "gpt_oss": gpt_oss,
+    "llama2": llama2, "llama3": llama3, "llama4": llama4,
+    "mistral": mistral, "mixtral": mixtral, "olmo3": olmo3,
     "qwen2_5": qwen2_5, "qwen3": qwen3, "qwen3_5": qwen3_5,
     "qwen3_5_moe": qwen3_5_moe, "qwen3_moe": qwen3_moe,
     "qwen3_next": qwen3_next,
@@ -59,6 +62,8 @@ def tiny_model_config(family: str, *, window: int,
   if model.attention_type == "mla":  # Per-head keys and values.
     model.update(num_kv_heads=4, q_lora_rank=16, kv_lora_rank=16,
                  qk_nope_head_dim=8, v_head_dim=8)
+  if model.index_topk:  # DeepSeek Sparse Attention: past the top-k soon.
+    model.update(index_topk=4, index_num_heads=16, index_head_dim=8)
   model.update(changes)
   if model.sliding_window:
     model.sliding_window = window

@@ -40,7 +40,7 @@ CASES = (
                                    "--config.data.seq_len=8192",
                                    "--config.model.param_dtype=bfloat16")),
     # Gated DeltaNet and gated full attention, 256 experts (34.66B).
-    ("qwen3_5_moe.py:35b-a3b", "v5p-16", (_FULL, "--config.train.batch_size=16",
+    ("qwen3_5_moe.py:35b-a3b", "v5p-32", (_FULL, "--config.train.batch_size=16",
                                           "--config.data.seq_len=4096")),
     ("gemma4.py:31b", "v5p-32", (_FULL, "--config.train.batch_size=16",
                                  "--config.data.seq_len=4096")),

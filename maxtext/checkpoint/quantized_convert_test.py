@@ -1,6 +1,6 @@
-"""Converting the official quantized checkpoints: FP8 DeepSeek-V3 and
-Qwen3-Next (its `-FP8` releases: fused Gated DeltaNet projections included),
-MXFP4 GPT-OSS.
+"""Converting the official quantized checkpoints: FP8 DeepSeek-V3, V3.2
+(its indexer included) and Qwen3-Next (its `-FP8` releases, fused Gated
+DeltaNet projections included), MXFP4 GPT-OSS.
 
 A tiny random model of each family is saved by transformers and rewritten in
 the published quantized layout (`testing.quantized_checkpoints`: each scale
@@ -81,6 +81,9 @@ class QuantizedConversionTest(absltest.TestCase):
     self.assertTrue(any(
         "names 1 multi-token prediction layer(s), but the weights hold none"
         in line for line in logs), logs)
+
+  def test_fp8_deepseek3_2(self):
+    self._check("deepseek3_2", "fp8")
 
   def test_fp8_qwen3_next(self):
     self._check("qwen3_next", "fp8")

@@ -68,7 +68,7 @@ def check_mla(self) -> None:
   if attention.type != "mla":
     self.mla.check_used()
     return
-  self.mla.check_sizes()
+  self.mla.check_sizes(attention.head_dim)
   if attention.num_kv_heads != attention.num_heads:
     fail("num_kv_heads", attention.num_kv_heads,
          f"must equal num_heads={attention.num_heads} with attention_type="

@@ -26,6 +26,18 @@ cached latents with kv_b, so it computes the same function as the uncached
 forward pass (the weight-absorbed decoding of DeepSeek's inference code,
 which skips that expansion, is not implemented).
 
+With `index_topk` (DeepSeek-V3.2's DeepSeek Sparse Attention) a lightning
+indexer picks the tokens each query attends to
+(`maxtext.kernels.sparse_attention`): its queries come from the query latent
+(`index_query`), one key per token from the input (`index_key`, then a
+LayerNorm), per-head weights from the input (`index_weights`, times
+I**-0.5); the first `head_dim` dimensions of its queries and keys are
+rotated in the half-split layout (not interleaved, as transformers'
+DeepseekV32Indexer). Attention over the selected tokens runs in the absorbed
+form (the key up-projection folded into the queries, the value
+up-projection applied after), so no per-head keys are expanded; the cache
+also stores each token's indexer key (after its rotary key in the "values").
+
 Remat names (`maxtext.layers.remat`): "query_proj" (queries), "key_proj"
 (the kv_a output: latent and rotary key), "attention_context" and
 "out_proj", as in `maxtext.layers.attention`.
@@ -45,6 +57,7 @@ from maxtext.common import axes
 from maxtext.common import sections
 from maxtext.kernels import attention as attention_kernels
 from maxtext.kernels import dispatch as attention_dispatch
+from maxtext.kernels import sparse_attention
 from maxtext.layers import attention
 from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import linear
@@ -54,6 +67,7 @@ from maxtext.layers import rope
 # Logical axes of the low-rank widths (replicated unless a rule names them).
 Q_LORA = "q_lora"
 KV_LORA = "kv_lora"
+INDEX_HEADS = "index_heads"
 # DeepSeek's (and transformers') q_a / kv_a norms keep RMSNorm's default eps.
 LATENT_NORM_EPS = 1e-6
 
@@ -73,21 +87,33 @@ class MlaConfig:
     v_head_dim: Width of each value head (U).
     rope_interleave: The rotary part pairs dimensions (0, 1), (2, 3), ...
       (DeepSeek's checkpoints) instead of (k, k + K/2).
+    index_topk: DeepSeek Sparse Attention (DeepSeek-V3.2): each query
+      attends only to the `index_topk` tokens its lightning indexer scores
+      highest (`maxtext.kernels.sparse_attention`); 0: dense MLA.
+    index_num_heads: The indexer's heads (I).
+    index_head_dim: Their width (J), rotary on its first `head_dim`.
   """
 
   KEYS: ClassVar[dict[str, str]] = {
       "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank",
       "qk_nope_head_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim",
-      "rope_interleave": "rope_interleave",
+      "rope_interleave": "rope_interleave", "index_topk": "index_topk",
+      "index_num_heads": "index_num_heads",
+      "index_head_dim": "index_head_dim",
   }
   SIZES: ClassVar[tuple[str, ...]] = ("q_lora_rank", "kv_lora_rank",
-                                      "qk_nope_head_dim", "v_head_dim")
+                                      "qk_nope_head_dim", "v_head_dim",
+                                      "index_topk", "index_num_heads",
+                                      "index_head_dim")
 
   q_lora_rank: int = 0
   kv_lora_rank: int = 0
   qk_nope_head_dim: int = 0
   v_head_dim: int = 0
   rope_interleave: bool = False
+  index_topk: int = 0
+  index_num_heads: int = 0
+  index_head_dim: int = 0
 
   def __post_init__(self):
     for name in self.SIZES:
@@ -104,12 +130,28 @@ class MlaConfig:
         sections.fail_part(self, name, 'only attention_type="mla" reads it;'
                            " leave it at its default")
 
-  def check_sizes(self) -> None:
-    """The sizes MLA needs are set."""
+  def check_sizes(self, rope_dim: int) -> None:
+    """The sizes MLA needs are set (`rope_dim`: the rotary part's width),
+    and DeepSeek Sparse Attention's with `index_topk`."""
     for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
       if getattr(self, name) < 1:
         sections.fail_part(self, name,
                            'must be positive with attention_type="mla"')
+    if not self.index_topk:
+      for name in ("index_num_heads", "index_head_dim"):
+        if getattr(self, name):
+          sections.fail_part(self, name, "only index_topk > 0 (DeepSeek"
+                             " Sparse Attention) reads it; leave it at 0")
+      return
+    if self.q_lora_rank < 1:
+      sections.fail_part(self, "q_lora_rank", "must be positive with"
+                         " index_topk (the indexer reads the query latent)")
+    if self.index_num_heads < 1:
+      sections.fail_part(self, "index_num_heads",
+                         "must be positive with index_topk")
+    if self.index_head_dim < rope_dim:
+      sections.fail_part(self, "index_head_dim", f"must be at least head_dim"
+                         f"={rope_dim} (its rotary part) with index_topk")
 
 
 def softmax_scale(attention_cfg: attention.AttentionConfig, cfg: MlaConfig,
@@ -127,11 +169,13 @@ def softmax_scale(attention_cfg: attention.AttentionConfig, cfg: MlaConfig,
 def empty_cache(cfg: MlaConfig, head_dim: int, dtype: str, batch: int,
                 length: int) -> kv_cache_lib.KVCache:
   """A zero latent cache: latents [B, S, 1, Z] and rotary keys [B, S, 1, K]
-  (K = `head_dim`, the rotary part's width)."""
+  (K = `head_dim`, the rotary part's width), followed by the indexer's keys
+  [.., J] with `index_topk`."""
   dtype = jnp.dtype(dtype)
+  width = head_dim + (cfg.index_head_dim if cfg.index_topk else 0)
   return kv_cache_lib.KVCache(
       jnp.zeros((batch, length, 1, cfg.kv_lora_rank), dtype),
-      jnp.zeros((batch, length, 1, head_dim), dtype))
+      jnp.zeros((batch, length, 1, width), dtype))
 
 
 class MLA(nnx.Module):
@@ -177,6 +221,21 @@ class MLA(nnx.Module):
                          (KV_LORA,), head_axes)
     self.output = project((heads, cfg.v_head_dim), (embed_dim,),
                           head_axes, (axes.EMBED,))
+    if cfg.index_topk:
+      self.index_query = project((cfg.q_lora_rank,), (
+          cfg.index_num_heads, cfg.index_head_dim), (Q_LORA,),
+                                 (INDEX_HEADS, axes.HEAD_DIM))
+      self.index_key = project((embed_dim,), (cfg.index_head_dim,),
+                               (axes.EMBED,), (axes.HEAD_DIM,))
+      self.index_key_norm = norm.LayerNorm(
+          cfg.index_head_dim, axis_name=axes.HEAD_DIM, eps=LATENT_NORM_EPS,
+          param_dtype=param_dtype)
+      self.index_weights = project((embed_dim,), (cfg.index_num_heads,),
+                                   (axes.EMBED,), (INDEX_HEADS,))
+    else:
+      self.index_query = self.index_key = self.index_key_norm = None
+      self.index_weights = None
+    self.index_topk = cfg.index_topk
     self.kernel = kernel
     self.scale = softmax_scale(attention_cfg, cfg, rope_cfg)
     self.logit_softcap = attention_cfg.logit_softcap
@@ -200,6 +259,48 @@ class MLA(nnx.Module):
     return (jnp.concatenate([k_nope_BSHO, k_rope_BSHK.astype(
         k_nope_BSHO.dtype)], axis=-1), v_BSHU)
 
+  def _sparse(self, rotary, x_BLD, q_latent_BLQ, q_BLHx, latent_BLZ,
+              k_rope_BL1K, *, segment_ids_BL, cache, positions_BL):
+    """DeepSeek Sparse Attention's output [B, L, H, U] and the cache (module
+    docstring)."""
+    batch, length = x_BLD.shape[:2]
+    rope_dim = k_rope_BL1K.shape[-1]
+    iq_BLIJ, ik_BL1J = (
+        jnp.concatenate([rotary.apply(x[..., :rope_dim]), x[..., rope_dim:]],
+                        axis=-1)
+        for x in (self.index_query(q_latent_BLQ),
+                  self.index_key_norm(self.index_key(x_BLD))[:, :, None]))
+    w_BLI = self.index_weights(x_BLD).astype(jnp.float32) * (
+        iq_BLIJ.shape[2]**-0.5)
+    if cache is None:
+      c_BSZ, r_BSK, ik_BSJ = latent_BLZ, k_rope_BL1K[:, :, 0], ik_BL1J[:, :, 0]
+      q_positions_BL = jnp.broadcast_to(jnp.arange(length), (batch, length))
+    else:
+      kv_cache_lib.check_decode_args(segment_ids_BL, positions_BL)
+      cache = cache.write(latent_BLZ[:, :, None], jnp.concatenate(
+          [k_rope_BL1K, ik_BL1J.astype(k_rope_BL1K.dtype)], axis=-1),
+                          positions_BL[:, 0])
+      c_BSZ = cache.key_BSGK[:, :, 0]
+      r_BSK = cache.value_BSGK[:, :, 0, :rope_dim]
+      ik_BSJ = cache.value_BSGK[:, :, 0, rope_dim:]
+      q_positions_BL = positions_BL
+    k_positions_BS = jnp.broadcast_to(jnp.arange(c_BSZ.shape[1]),
+                                      c_BSZ.shape[:2])
+    # The key and value up-projections W_uk [Z, H, O], W_uv [Z, H, U].
+    up_ZHx = self.kv_up.kernel[...].astype(jnp.float32)
+    qc_BLHZ = jnp.einsum("blho,zho->blhz",
+                         q_BLHx[..., :self.nope_dim].astype(jnp.float32),
+                         up_ZHx[..., :self.nope_dim])
+    out_BLHZ = sparse_attention.sparse_attention(
+        qc_BLHZ, q_BLHx[..., self.nope_dim:], c_BSZ, r_BSK, iq_BLIJ, ik_BSJ,
+        w_BLI, top_k=self.index_topk, scale=self.scale,
+        index_scale=iq_BLIJ.shape[-1]**-0.5, q_positions_BL=q_positions_BL,
+        k_positions_BS=k_positions_BS, q_segments_BL=segment_ids_BL,
+        k_segments_BS=segment_ids_BL)
+    o_BLHU = jnp.einsum("blhz,zhu->blhu", out_BLHZ,
+                        up_ZHx[..., self.nope_dim:])
+    return o_BLHU.astype(q_BLHx.dtype), cache
+
   def __call__(
       self,
       x_BLD: jax.Array,
@@ -220,8 +321,10 @@ class MLA(nnx.Module):
                        f"{window}, chunk={chunk}).")
     q_names = (axes.BATCH, axes.LENGTH, axes.HEADS, axes.HEAD_DIM)
     kv_names = (axes.BATCH, axes.KV_LENGTH, axes.HEADS, axes.HEAD_DIM)
+    q_latent_BLQ = None
     if self.query is None:
-      q_BLHx = self.query_up(self.query_norm(self.query_down(x_BLD)))
+      q_latent_BLQ = self.query_norm(self.query_down(x_BLD))
+      q_BLHx = self.query_up(q_latent_BLQ)
     else:
       q_BLHx = self.query(x_BLD)
     q_BLHx = checkpoint_name(q_BLHx, "query_proj")
@@ -232,7 +335,12 @@ class MLA(nnx.Module):
     kv_BLx = checkpoint_name(self.kv_down(x_BLD), "key_proj")
     latent_BLZ = self.kv_norm(kv_BLx[..., :self.latent_dim])
     k_rope_BL1K = self._rotate(rotary, kv_BLx[..., None, self.latent_dim:])
-    if cache is None:
+    if self.index_topk:
+      o_BLHU, cache = self._sparse(
+          rotary, x_BLD, q_latent_BLQ, q_BLHx, latent_BLZ, k_rope_BL1K,
+          segment_ids_BL=segment_ids_BL, cache=cache,
+          positions_BL=positions_BL)
+    elif cache is None:
       k_BLHx, v_BLHU = self._keys_values(latent_BLZ, k_rope_BL1K)
       o_BLHU = self.kernel(q_BLHx, axes.constrain(k_BLHx, kv_names),
                            axes.constrain(v_BLHU, kv_names),

@@ -31,6 +31,16 @@ scores times the chunk's values C*U; 2 FLOPs each, times 3 for training,
 whatever the length: work linear in it (`linear_chunk` C, the execution's
 `attention_kernel.linear_chunk`).
 
+DeepSeek Sparse Attention (MLA with `index_topk` k, DeepSeek-V3.2) runs in
+the absorbed form: per query, its I indexer heads of width J score every
+causal key (I*(J + 1) multiply-adds per key, (L + 1) / 2 keys on average)
+with projections Q*I*J + D*(J + I) (Q the query latent), forward only (the
+selection is not differentiated); then each of the H heads attends to the
+min(i + 1, k) selected tokens over the latent Z and rotary key K (logits
+Z + K, weighted sum Z: 6*H*(2Z + K) FLOPs per selected token in training).
+The absorbed up-projections cost what the expanded ones do (kv_b's
+parameters, counted as matmuls).
+
 A vision tower (`vision_flops_per_image`) counts per image: its patch
 projection p*p*3*d and layers 4*d*d + 2*d*F per patch (t patches), its
 bidirectional attention 4*t*d per patch per layer, and the projector u*d*D;
@@ -145,6 +155,22 @@ def mean_attended_keys(window: int | None, seq_len: int,
   return window - window * (window - 1) / (2 * seq_len)
 
 
+def sparse_attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+  """Training FLOPs of one DeepSeek Sparse Attention layer per token (module
+  docstring): the indexer forward only, latent attention over the selected
+  tokens trained."""
+  mla = cfg.mla
+  heads, rope_dim = cfg.attention.num_heads, cfg.attention.head_dim
+  indexer_projections = (mla.q_lora_rank * mla.index_num_heads *
+                         mla.index_head_dim + cfg.embed_dim *
+                         (mla.index_head_dim + mla.index_num_heads))
+  indexer_scores = (mla.index_num_heads * (mla.index_head_dim + 1) *
+                    mean_attended_keys(None, seq_len))
+  selected = mean_attended_keys(mla.index_topk, seq_len)
+  return (2 * (indexer_projections + indexer_scores) +
+          6 * heads * (2 * mla.kv_lora_rank + rope_dim) * selected)
+
+
 def attention_flops_per_token(cfg: ModelConfig, seq_len: int,
                               linear_chunk: int = 64) -> float:
   """Training FLOPs of attention scores and values (of a Gated DeltaNet
@@ -163,6 +189,9 @@ def attention_flops_per_token(cfg: ModelConfig, seq_len: int,
       total += 6 * (linear.num_value_heads * per_head + conv)
       continue
     kind_cfg = layer.kind.config(cfg)
+    if kind_cfg.mla.index_topk:
+      total += sparse_attention_flops_per_token(kind_cfg, seq_len)
+      continue
     # Query-key and probability-value widths (they differ with MLA).
     qk_dim = kind_cfg.attention.head_dim + kind_cfg.mla.qk_nope_head_dim
     v_dim = kind_cfg.mla.v_head_dim or kind_cfg.attention.head_dim

@@ -32,6 +32,21 @@ class FlopsTest(absltest.TestCase):
     self.assertAlmostEqual(flops.training_flops_per_token(cfg, 4),
                            6 * 328 + 48 * 4.25)
 
+  def test_sparse_attention_hand_count(self):
+    """One DeepSeek Sparse Attention layer: D 4, H 2, rotary K 2, query
+    latent Q 3, latent Z 5, indexer I 3 heads of J 4, top 2, length 4."""
+    cfg = ModelConfig.from_dict(dict(
+        family="deepseek3_2", attention_type="mla", router_score="sigmoid",
+        router_bias=True, mlp_activation="silu", vocab_size=10,
+        num_layers=1, embed_dim=4, mlp_dim=8, num_heads=2, num_kv_heads=2,
+        head_dim=2, q_lora_rank=3, kv_lora_rank=5, qk_nope_head_dim=2,
+        v_head_dim=2, index_topk=2, index_num_heads=3, index_head_dim=4))
+    # Indexer, forward only: projections 3*3*4 + 4*(4 + 3) = 64, scores
+    # 3*(4 + 1) per causal key (mean 2.5). Attention over 1, 2, 2, 2
+    # selected tokens (mean 1.75): 6 * 2 * (2*5 + 2) per token.
+    self.assertAlmostEqual(flops.attention_flops_per_token(cfg, 4),
+                           2 * (64 + 15 * 2.5) + 6 * 2 * 12 * 1.75)
+
   def test_mean_attended_keys_matches_a_mask_count(self):
     for seq_len in (1, 5, 16):
       for window in (None, 1, 3, 16, 40):

@@ -24,6 +24,7 @@ from flax import nnx
 from maxtext.common.model_config import ModelConfig
 from maxtext.models import deepseek2
 from maxtext.models import deepseek3
+from maxtext.models import deepseek3_2
 from maxtext.models import execution as execution_lib
 from maxtext.models import gemma
 from maxtext.models import gemma2
@@ -46,6 +47,7 @@ from maxtext.models import qwen3_next
 FAMILIES: dict[str, types.ModuleType] = {
     "deepseek2": deepseek2,
     "deepseek3": deepseek3,
+    "deepseek3_2": deepseek3_2,
     "gemma": gemma,
     "gemma2": gemma2,
     "gemma3": gemma3,
@@ -70,6 +72,7 @@ FAMILIES: dict[str, types.ModuleType] = {
 HF_MODEL_TYPES: dict[str, str] = {
     "deepseek_v2": "deepseek2",
     "deepseek_v3": "deepseek3",
+    "deepseek_v32": "deepseek3_2",
     "gemma": "gemma",
     "gemma2": "gemma2",
     "gemma3": "gemma3",  # Multimodal (text decoder only).
