@@ -14,9 +14,9 @@ k_t towards v_t, and reads it with q_t:
 `reference` runs exactly that, token by token (`step` is one token: the
 recurrent form decoding uses). `chunked` computes the same in chunks of C
 tokens, work and memory linear in the length: within a chunk the updates
-are solved at once (the WY form: a unit lower-triangular solve of C x C per
-chunk), and only the state passes between chunks (a scan over L / C
-chunks). Both take packed sequences (`segment_ids_BL`: the state restarts
+are solved at once (the WY form: a unit lower-triangular system of C x C
+per chunk, solved by matmuls only, `unit_lower_inverse`), and only the
+state passes between chunks (a scan over L / C chunks). Both take packed sequences (`segment_ids_BL`: the state restarts
 from zero at each new segment) and an initial state (a decoding cache), and
 return the final state; a length that is not a multiple of C is padded
 with inert tokens (beta = 0, g = 0 leave the state unchanged).
@@ -27,6 +27,26 @@ All arithmetic is float32. Shape suffixes: `maxtext.common.axes.SHAPE_KEY`
 
 import jax
 import jax.numpy as jnp
+
+
+def unit_lower_inverse(a_xCC: jax.Array) -> jax.Array:
+  """(I + A)^-1 of strictly lower-triangular A [..., C, C], by matmuls only.
+
+  -A is nilpotent ((-A)^C = 0), so (I + A)^-1 = sum_{j < C} (-A)^j =
+  (I - A)(I + A^2)(I + A^4)...: ceil(log2 C) - 1 squarings and as many
+  products. Not `lax.linalg.triangular_solve`: on CPU that is a LAPACK call,
+  and XLA's CPU runtime deadlocked running several of them concurrently in
+  a training step (a Qwen3-Next step hung at 0 % CPU, one device or eight).
+  """
+  size = a_xCC.shape[-1]
+  inverse_xCC = jnp.eye(size, dtype=a_xCC.dtype) - a_xCC
+  power_xCC = -a_xCC
+  covered = 2  # inverse_xCC holds the terms (-A)^j for j < covered.
+  while covered < size:
+    power_xCC = power_xCC @ power_xCC
+    inverse_xCC = inverse_xCC + inverse_xCC @ power_xCC
+    covered *= 2
+  return inverse_xCC
 
 
 def step(state_BHKU: jax.Array, q_BHK: jax.Array, k_BHK: jax.Array,
@@ -134,9 +154,8 @@ def chunked(q_BLHK: jax.Array, k_BLHK: jax.Array, v_BLHU: jax.Array,
   rhs_BjHix = jnp.concatenate([
       jnp.moveaxis(v * beta[..., None], 3, 2),
       jnp.moveaxis(k * (beta * start_BjiH)[..., None], 3, 2)], axis=-1)
-  # (I + A) X = rhs, A strictly lower: the unit diagonal is implied.
-  solved_BjHix = jax.lax.linalg.triangular_solve(
-      a_BjHii, rhs_BjHix, left_side=True, lower=True, unit_diagonal=True)
+  # (I + A) X = rhs, A strictly lower.
+  solved_BjHix = unit_lower_inverse(a_BjHii) @ rhs_BjHix
   values = v.shape[-1]
   u_BjHiU, w_BjHiK = solved_BjHix[..., :values], solved_BjHix[..., values:]
   scores_BjHii = (jnp.einsum("bjihk,bjlhk->bjhil", q, k) *

@@ -73,6 +73,14 @@ class GatedDeltaRuleTest(parameterized.TestCase):
     for g, w in zip(got, want):
       np.testing.assert_allclose(g, w, atol=2e-5)
 
+  @parameterized.parameters(1, 2, 3, 17, 64)
+  def test_unit_lower_inverse_equals_numpy(self, size):
+    a = np.tril(np.random.default_rng(size).normal(
+        size=(2, size, size)), -1).astype(np.float32) * 0.5
+    want = np.linalg.inv(np.eye(size) + a.astype(np.float64))
+    np.testing.assert_allclose(gated_delta_rule.unit_lower_inverse(a), want,
+                               rtol=1e-4, atol=1e-4)
+
   def test_packed_documents_equal_separate_rows(self):
     args = _inputs(2, length=40)
     segment_ids = np.repeat([[0] * 13 + [1] * 27], 2, axis=0)

@@ -25,8 +25,10 @@ gate), D*H (beta, decay) and H*U*D (output), and its convolutions
 taps*(2*G*K + H*U) multiply-adds per token. In place of attention's scores
 it runs the chunked gated delta rule (`maxtext.kernels.gated_delta_rule`),
 per token and head, in chunks of C multiply-adds: its rows of the chunk's
-key-key and query-key products 2*C*K, its share of the triangular solve
-C*(U+K)/2, two reads and one write of the state 3*K*U, and its row of the
+key-key and query-key products 2*C*K, its share of inverting the chunk's
+unit lower-triangular system by doubling (2*(ceil(log2 C) - 1) products of
+C x C matrices: 2*(ceil(log2 C) - 1)*C*C) and of applying the inverse
+C*(U+K), two reads and one write of the state 3*K*U, and its row of the
 scores times the chunk's values C*U; 2 FLOPs each, times 3 for training,
 whatever the length: work linear in it (`linear_chunk` C, the execution's
 `attention_kernel.linear_chunk`).
@@ -56,6 +58,7 @@ i, on average w - w * (w - 1) / (2 * L). Windows come from
 `layer_pattern.layers(cfg)`.
 """
 
+import math
 import re
 
 import jax
@@ -182,8 +185,10 @@ def attention_flops_per_token(cfg: ModelConfig, seq_len: int,
     if layer.kind.linear:
       chunk = min(linear_chunk, seq_len)
       keys, values = linear.key_head_dim, linear.value_head_dim
-      per_head = (2 * chunk * keys + chunk * (values + keys) / 2 +
-                  3 * keys * values + chunk * values)
+      doublings = max(math.ceil(math.log2(chunk)) - 1, 0)
+      per_head = (2 * chunk * keys + 2 * doublings * chunk * chunk +
+                  chunk * (values + keys) + 3 * keys * values +
+                  chunk * values)
       conv = linear.conv_taps * (2 * linear.num_key_heads * keys +
                                  linear.num_value_heads * values)
       total += 6 * (linear.num_value_heads * per_head + conv)

@@ -322,8 +322,8 @@ class GatedDeltaNetAcrossShardsTest(absltest.TestCase):
   gradients equal one device's (the sequence axis gathers the length around
   the convolution and the delta rule's scan over chunks).
 
-  Chunks of 4 tokens: 2 per row of 8. (With the default 64, XLA's CPU
-  runtime deadlocks running the 8 fake devices of this step on 2 cores.)"""
+  Chunks of 4 tokens: 2 per row of 8, so the state crosses a chunk
+  boundary on every mesh."""
 
   def test_sharded_equals_single_device(self):
     devices.require_devices(8)
