@@ -24,9 +24,9 @@ space (the caller applies the value up-projection). This equals MLA over the
 same tokens with the expanded keys and values.
 
 Queries are processed `block` at a time (`lax.map`), so the index scores
-take [block, S] and the gathered tokens [block, top_k, Z + K] per step:
-memory grows linearly with the length at a fixed top_k, never with an
-L x S attention matrix. The selection is not differentiated (the indexer
+take [block, S] and the gathered tokens [block, top_k, Z + K] per step
+(recomputed, not kept, for the backward pass): memory grows linearly with
+the length at a fixed top_k, never with an L x S attention matrix. The selection is not differentiated (the indexer
 trains through its own loss, `indexer_kl`). All arithmetic is float32.
 
 Shape suffixes: `maxtext.common.axes.SHAPE_KEY` (I indexer heads, J their
@@ -124,7 +124,10 @@ def sparse_attention(
         top_k)
     return attend_selected(qc, qr, c_BSZ, r_BSK, index, valid, scale=scale)
 
-  out_nBbHZ = jax.lax.map(one_block, tuple(map(blocks, per_query)))
+  # Rematerialised: the backward pass recomputes one block's gathered
+  # tokens at a time instead of keeping every block's [block, j, Z + K].
+  out_nBbHZ = jax.lax.map(jax.checkpoint(one_block),
+                          tuple(map(blocks, per_query)))
   out_BLHZ = jnp.moveaxis(out_nBbHZ, 0, 1).reshape(
       batch, length + pad, *out_nBbHZ.shape[3:])
   return out_BLHZ[:, :length]
