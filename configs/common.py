@@ -165,6 +165,9 @@ def model_defaults() -> ml_collections.ConfigDict:
       index_topk=0,
       index_num_heads=0,
       index_head_dim=0,
+      # How the indexer trains: "sparse", or "warmup" (dense attention,
+      # only the indexer trains; then continue with "sparse").
+      index_stage="sparse",
       # Multi-token prediction depths (DeepSeek-V3; maxtext.models.mtp).
       mtp_layers=0,
       mtp_loss_weight=0.0,

@@ -23,11 +23,20 @@ where qc is the non-rotary query with the key up-projection absorbed
 space (the caller applies the value up-projection). This equals MLA over the
 same tokens with the expanded keys and values.
 
+The indexer trains through its own loss (DeepSeek-V3.2's paper), never
+through the selection: with `index_loss` each query also returns the KL
+divergence from the main attention's distribution over its keys (the
+heads' attention probabilities summed and L1-normalised, held constant) to
+the indexer's (softmax of its scores over the same keys), sum_s
+p[s] (log p[s] - log softmax(I)[s]). Over the selected tokens in the sparse
+stage; with `dense` (the dense warm-up stage) every allowed key is attended
+to, as dense MLA does, and the KL covers them all.
+
 Queries are processed `block` at a time (`lax.map`), so the index scores
 take [block, S] and the gathered tokens [block, top_k, Z + K] per step
 (recomputed, not kept, for the backward pass): memory grows linearly with
-the length at a fixed top_k, never with an L x S attention matrix. The selection is not differentiated (the indexer
-trains through its own loss, `indexer_kl`). All arithmetic is float32.
+the length at a fixed top_k, never with an L x S attention matrix (with
+`dense`, [block, H, S] probabilities per step). All arithmetic is float32.
 
 Shape suffixes: `maxtext.common.axes.SHAPE_KEY` (I indexer heads, J their
 width, Z latent width, j selected tokens).
@@ -35,6 +44,7 @@ width, Z latent width, j selected tokens).
 
 import jax
 import jax.numpy as jnp
+from jax.scipy import special
 
 
 def index_scores(iq_BLIJ: jax.Array, ik_BSJ: jax.Array, w_BLI: jax.Array, *,
@@ -74,22 +84,46 @@ def _gather(x_BSx: jax.Array, index_BLj: jax.Array) -> jax.Array:
   return jax.vmap(lambda x, i: x[i])(x_BSx, index_BLj)
 
 
+def _attend(qc_BLHZ: jax.Array, qr_BLHK: jax.Array, c: jax.Array,
+            r: jax.Array, valid: jax.Array, *, scale: float,
+            tokens: str) -> tuple[jax.Array, jax.Array]:
+  """(Latent-space output [B, L, H, Z], probabilities [B, L, H, n]) of
+  each query over n tokens: each query's own (c [B, L, n, Z], r [.., K],
+  `tokens` "lj") or every query's (c [B, n, Z], r [B, n, K], `tokens`
+  ""), of which `valid` [B, L, n] are attended to."""
+  c = c.astype(jnp.float32)
+  spec = f"b{tokens or 'j'}"
+  logits_BLHn = scale * (
+      jnp.einsum(f"blhz,{spec}z->blhj", qc_BLHZ.astype(jnp.float32), c) +
+      jnp.einsum(f"blhk,{spec}k->blhj", qr_BLHK.astype(jnp.float32),
+                 r.astype(jnp.float32)))
+  # A finite floor, and no weight on invalid slots: a query with none
+  # (a padding query) outputs zeros, and no NaN reaches the gradients.
+  valid_BL1n = valid[:, :, None]
+  probs_BLHn = jax.nn.softmax(jnp.where(valid_BL1n, logits_BLHn, -1e30),
+                              axis=-1) * valid_BL1n
+  return jnp.einsum(f"blhj,{spec}z->blhz", probs_BLHn, c), probs_BLHn
+
+
 def attend_selected(qc_BLHZ: jax.Array, qr_BLHK: jax.Array, c_BSZ: jax.Array,
                     r_BSK: jax.Array, index_BLj: jax.Array,
                     valid_BLj: jax.Array, *, scale: float) -> jax.Array:
   """Latent attention of each query over its selected tokens: [B, L, H, Z]
   (module docstring), float32."""
-  c_BLjZ = _gather(c_BSZ.astype(jnp.float32), index_BLj)
-  r_BLjK = _gather(r_BSK.astype(jnp.float32), index_BLj)
-  logits_BLHj = scale * (
-      jnp.einsum("blhz,bljz->blhj", qc_BLHZ.astype(jnp.float32), c_BLjZ) +
-      jnp.einsum("blhk,bljk->blhj", qr_BLHK.astype(jnp.float32), r_BLjK))
-  # A finite floor, and no weight on invalid slots: a query with none
-  # (a padding query) outputs zeros, and no NaN reaches the gradients.
-  valid_BL1j = valid_BLj[:, :, None]
-  probs_BLHj = jax.nn.softmax(jnp.where(valid_BL1j, logits_BLHj, -1e30),
-                              axis=-1) * valid_BL1j
-  return jnp.einsum("blhj,bljz->blhz", probs_BLHj, c_BLjZ)
+  return _attend(qc_BLHZ, qr_BLHK, _gather(c_BSZ, index_BLj),
+                 _gather(r_BSK, index_BLj), valid_BLj, scale=scale,
+                 tokens="lj")[0]
+
+
+def indexer_kl(target_BLn: jax.Array, scores_BLn: jax.Array,
+               valid_BLn: jax.Array) -> jax.Array:
+  """KL(target || softmax of the scores over the valid tokens) per query,
+  [B, L] (module docstring); `target_BLn` sums to 1 over each query's
+  valid tokens (0 for a query with none, whose KL is 0)."""
+  log_q_BLn = jax.nn.log_softmax(
+      jnp.where(valid_BLn, scores_BLn, -1e30), axis=-1)
+  return jnp.sum(jnp.where(valid_BLn, special.xlogy(target_BLn, target_BLn)
+                           - target_BLn * log_q_BLn, 0.0), axis=-1)
 
 
 def sparse_attention(
@@ -98,9 +132,13 @@ def sparse_attention(
     w_BLI: jax.Array, *, top_k: int, scale: float, index_scale: float,
     q_positions_BL: jax.Array, k_positions_BS: jax.Array,
     q_segments_BL: jax.Array | None = None,
-    k_segments_BS: jax.Array | None = None, block: int = 64) -> jax.Array:
+    k_segments_BS: jax.Array | None = None, block: int = 64,
+    dense: bool = False, index_loss: bool = False
+) -> jax.Array | tuple[jax.Array, jax.Array]:
   """The module docstring's attention, `block` queries at a time: its
-  latent-space output [B, L, H, Z], float32."""
+  latent-space output [B, L, H, Z], float32; with `index_loss`, (that
+  output, each query's indexer KL [B, L]). `dense`: every allowed token is
+  attended to (the warm-up stage; `top_k` unused)."""
   batch, length = qc_BLHZ.shape[:2]
   block = min(block, length)
   pad = -length % block
@@ -118,16 +156,33 @@ def sparse_attention(
 
   def one_block(args):
     qc, qr, iq, w, q_positions, q_segments = args
-    index, valid = select(
-        index_scores(iq, ik_BSJ, w, index_scale=index_scale),
-        allowed(q_positions, k_positions_BS, q_segments, k_segments_BS),
-        top_k)
-    return attend_selected(qc, qr, c_BSZ, r_BSK, index, valid, scale=scale)
+    valid = allowed(q_positions, k_positions_BS, q_segments, k_segments_BS)
+    scores = (index_scores(iq, ik_BSJ, w, index_scale=index_scale)
+              if index_loss or not dense else None)
+    if dense:
+      out, probs = _attend(qc, qr, c_BSZ, r_BSK, valid, scale=scale,
+                           tokens="")
+    else:
+      index, valid = select(scores, valid, top_k)
+      out, probs = _attend(qc, qr, _gather(c_BSZ, index),
+                           _gather(r_BSK, index), valid, scale=scale,
+                           tokens="lj")
+      scores = jnp.take_along_axis(scores, index, axis=-1)
+    if not index_loss:
+      return out
+    # The heads' distributions, summed and L1-normalised: a target only.
+    target = jax.lax.stop_gradient(probs.sum(2) / jnp.maximum(
+        probs.sum((2, 3))[..., None], 1e-30))
+    return out, indexer_kl(target, scores, valid)
 
   # Rematerialised: the backward pass recomputes one block's gathered
   # tokens at a time instead of keeping every block's [block, j, Z + K].
-  out_nBbHZ = jax.lax.map(jax.checkpoint(one_block),
-                          tuple(map(blocks, per_query)))
-  out_BLHZ = jnp.moveaxis(out_nBbHZ, 0, 1).reshape(
-      batch, length + pad, *out_nBbHZ.shape[3:])
-  return out_BLHZ[:, :length]
+  outputs = jax.lax.map(jax.checkpoint(one_block),
+                        tuple(map(blocks, per_query)))
+
+  def unblock(x_nBb):
+    x_BLx = jnp.moveaxis(x_nBb, 0, 1).reshape(batch, length + pad,
+                                              *x_nBb.shape[3:])
+    return x_BLx[:, :length]
+
+  return jax.tree.map(unblock, outputs)

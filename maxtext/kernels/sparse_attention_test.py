@@ -3,8 +3,10 @@ attention with the expanded per-head keys and values over a dense mask of
 the tokens that numpy's own top-k of the published index score selects.
 Across block sizes, lengths that blocks do not divide, top_k above the
 allowed count, packed segments, a decoding cache with empty slots, and the
-gradients; and the compiled memory grows linearly with the length at a
-fixed top_k."""
+gradients; the indexer's KL loss of both training stages against numpy's
+formula (dense warm-up: over every allowed token; sparse: over the
+selected), its gradients reaching the indexer only; and the compiled memory
+grows linearly with the length at a fixed top_k."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -58,14 +60,52 @@ def _numpy_reference(x, top_k, q_pos, k_pos, q_seg, k_seg):
   return np.einsum("blhs,bshu->blhu", probs, values)
 
 
-def _ours(x, top_k, q_pos, k_pos, q_seg=None, k_seg=None, block=64):
+def _numpy_kl(x, top_k, q_pos, k_pos, q_seg, k_seg, dense):
+  """The published indexer loss per query [B, L]: KL from the heads'
+  summed, L1-normalised attention over the attended tokens (all allowed
+  with `dense`, else numpy's top-k) to the softmax of the index scores over
+  the same tokens."""
+  index = np.einsum("bli,blis->bls", x["w"], np.maximum(np.einsum(
+      "blij,bsj->blis", x["iq"], x["ik"]) * _INDEX_SCALE, 0))
+  attended = ((k_pos[:, None, :] <= q_pos[:, :, None]) &
+              (k_pos[:, None, :] >= 0) &
+              (q_seg[:, :, None] == k_seg[:, None, :]))
+  if not dense:
+    order = np.argsort(-np.where(attended, index, -np.inf), axis=-1,
+                       kind="stable")[..., :top_k]
+    chosen = np.zeros_like(attended)
+    np.put_along_axis(chosen, order, True, axis=-1)
+    attended &= chosen
+  k_nope = np.einsum("hoz,bsz->bsho", x["w_uk"], x["c"])
+  logits = _SCALE * (np.einsum("blho,bsho->blhs", x["q_nope"], k_nope) +
+                     np.einsum("blhk,bsk->blhs", x["qr"], x["r"]))
+  kl = np.zeros(attended.shape[:2])
+  for b, t in np.ndindex(*kl.shape):
+    keys = attended[b, t]
+    if not keys.any():
+      continue
+    head_logits = logits[b, t][:, keys].astype(np.float64)
+    probs = np.exp(head_logits - head_logits.max(-1, keepdims=True))
+    target = (probs / probs.sum(-1, keepdims=True)).sum(0)
+    target /= target.sum()
+    scores = index[b, t, keys].astype(np.float64)
+    log_q = scores - scores.max() - np.log(np.exp(scores - scores.max()).sum())
+    kl[b, t] = np.sum(target * (np.log(target) - log_q))
+  return kl
+
+
+def _ours(x, top_k, q_pos, k_pos, q_seg=None, k_seg=None, block=64,
+          **kwargs):
   qc = jnp.einsum("blho,hoz->blhz", x["q_nope"], x["w_uk"])
-  latent = sparse_attention.sparse_attention(
+  out = sparse_attention.sparse_attention(
       qc, x["qr"], x["c"], x["r"], x["iq"], x["ik"], x["w"], top_k=top_k,
       scale=_SCALE, index_scale=_INDEX_SCALE, q_positions_BL=q_pos,
       k_positions_BS=k_pos, q_segments_BL=q_seg, k_segments_BS=k_seg,
-      block=block)
-  return jnp.einsum("blhz,huz->blhu", latent, x["w_uv"])
+      block=block, **kwargs)
+  if kwargs.get("index_loss"):
+    latent, kl = out
+    return jnp.einsum("blhz,huz->blhu", latent, x["w_uv"]), kl
+  return jnp.einsum("blhz,huz->blhu", out, x["w_uv"])
 
 
 def _arange(batch, length):
@@ -137,6 +177,51 @@ class SparseAttentionTest(parameterized.TestCase):
     for got, want in zip(jax.grad(ours, argnums=(0, 1, 2, 3))(*args),
                          jax.grad(dense, argnums=(0, 1, 2, 3))(*args)):
       np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+  @parameterized.parameters((False, 37, 5, 8), (True, 37, 5, 8),
+                            (False, 9, 64, 4), (True, 20, 3, 64))
+  def test_indexer_kl_equals_numpy(self, dense, length, top_k, block):
+    """Both stages' loss per query (packed segments: the KL stays within
+    each query's own), and the attention output unchanged by computing it:
+    the warm-up's dense attention equals the reference over every allowed
+    token."""
+    x = _inputs(2, length, seed=4)
+    pos = _arange(2, length)
+    segments = np.repeat(np.array([[1, 2], [3, 3]], np.int32), length,
+                         axis=1)[:, :length * 2:2]
+    got_out, got_kl = _ours(x, top_k, pos, pos, segments, segments,
+                            block=block, dense=dense, index_loss=True)
+    np.testing.assert_allclose(
+        got_kl, _numpy_kl(x, top_k, pos, pos, segments, segments, dense),
+        rtol=1e-4, atol=1e-6)
+    want_out = _numpy_reference(x, length if dense else top_k, pos, pos,
+                                segments, segments)
+    np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-5)
+
+  @parameterized.parameters(False, True)
+  def test_indexer_kl_trains_the_indexer_only(self, dense):
+    """The KL's gradients reach the indexer's queries, keys and weights and
+    leave the attention's inputs alone (its distribution is a target); a
+    few gradient steps on the indexer lower it."""
+    length = 24
+    x = {k: jnp.asarray(v) for k, v in _inputs(1, length, seed=5).items()}
+    pos = _arange(1, length)
+
+    def kl(x):
+      return jnp.mean(_ours(x, 4, pos, pos, block=8, dense=dense,
+                            index_loss=True)[1])
+
+    loss_and_grads = jax.jit(jax.value_and_grad(kl))
+    first, grads = loss_and_grads(x)
+    for name in ("q_nope", "qr", "c", "r", "w_uk", "w_uv"):
+      self.assertEqual(float(jnp.abs(grads[name]).max()), 0.0, name)
+    for name in ("iq", "ik", "w"):
+      self.assertGreater(float(jnp.abs(grads[name]).max()), 0.0, name)
+    for _ in range(20):
+      x = {k: v - 0.5 * grads[k] if k in ("iq", "ik", "w") else v
+           for k, v in x.items()}
+      last, grads = loss_and_grads(x)
+    self.assertLess(float(last), 0.7 * float(first))
 
   def test_memory_grows_linearly_with_length(self):
     """XLA's compiled scratch memory at fixed top_k and block: doubling the

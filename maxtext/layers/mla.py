@@ -38,6 +38,20 @@ form (the key up-projection folded into the queries, the value
 up-projection applied after), so no per-head keys are expanded; the cache
 also stores each token's indexer key (after its rotary key in the "values").
 
+The indexer trains as DeepSeek-V3.2 was trained, by `index_stage`: called
+with `index_loss=True` (the train step's forward pass) the layer also
+returns the mean over its real queries (segment id not 0) of the KL from
+its attention's distribution to the indexer's
+(`sparse_attention.indexer_kl`); the indexer reads its inputs detached, so
+that loss trains only the indexer, and the language-model loss never
+reaches it (the selection is not differentiable). "sparse": attention over
+the selected tokens, the KL over them. "warmup" (the dense warm-up): dense
+attention (over every allowed token, in the absorbed form), the KL over all
+of them, and only the indexer's parameters train (`trainable_params`: the
+train step freezes the rest). A model warmed up this way continues in the
+same workdir with `index_stage="sparse"` (the optimizer state has the same
+structure in both stages).
+
 Remat names (`maxtext.layers.remat`): "query_proj" (queries), "key_proj"
 (the kv_a output: latent and rotary key), "attention_context" and
 "out_proj", as in `maxtext.layers.attention`.
@@ -68,6 +82,10 @@ from maxtext.layers import rope
 Q_LORA = "q_lora"
 KV_LORA = "kv_lora"
 INDEX_HEADS = "index_heads"
+INDEX_STAGES = ("sparse", "warmup")
+# The indexer's parameters (what the dense warm-up stage trains).
+INDEXER_PARAMS = frozenset(("index_query", "index_key", "index_key_norm",
+                            "index_weights"))
 # DeepSeek's (and transformers') q_a / kv_a norms keep RMSNorm's default eps.
 LATENT_NORM_EPS = 1e-6
 
@@ -92,6 +110,9 @@ class MlaConfig:
       highest (`maxtext.kernels.sparse_attention`); 0: dense MLA.
     index_num_heads: The indexer's heads (I).
     index_head_dim: Their width (J), rotary on its first `head_dim`.
+    index_stage: How the indexer trains (module doc): "sparse" (sparse
+      attention; the default, and how the released models run) or
+      "warmup" (dense attention, only the indexer trains).
   """
 
   KEYS: ClassVar[dict[str, str]] = {
@@ -99,7 +120,7 @@ class MlaConfig:
       "qk_nope_head_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim",
       "rope_interleave": "rope_interleave", "index_topk": "index_topk",
       "index_num_heads": "index_num_heads",
-      "index_head_dim": "index_head_dim",
+      "index_head_dim": "index_head_dim", "index_stage": "index_stage",
   }
   SIZES: ClassVar[tuple[str, ...]] = ("q_lora_rank", "kv_lora_rank",
                                       "qk_nope_head_dim", "v_head_dim",
@@ -114,6 +135,7 @@ class MlaConfig:
   index_topk: int = 0
   index_num_heads: int = 0
   index_head_dim: int = 0
+  index_stage: str = "sparse"
 
   def __post_init__(self):
     for name in self.SIZES:
@@ -122,6 +144,8 @@ class MlaConfig:
         sections.fail_part(self, name, "must be an integer >= 0")
     if not isinstance(self.rope_interleave, bool):
       sections.fail_part(self, "rope_interleave", "must be True or False")
+    if self.index_stage not in INDEX_STAGES:
+      sections.fail_part(self, "index_stage", f"must be one of {INDEX_STAGES}")
 
   def check_used(self) -> None:
     """Refuses sizes for a model whose attention is not MLA."""
@@ -129,6 +153,9 @@ class MlaConfig:
       if getattr(self, name):
         sections.fail_part(self, name, 'only attention_type="mla" reads it;'
                            " leave it at its default")
+    if self.index_stage != "sparse":
+      sections.fail_part(self, "index_stage", 'only attention_type="mla"'
+                         " reads it; leave it at its default")
 
   def check_sizes(self, rope_dim: int) -> None:
     """The sizes MLA needs are set (`rope_dim`: the rotary part's width),
@@ -142,6 +169,9 @@ class MlaConfig:
         if getattr(self, name):
           sections.fail_part(self, name, "only index_topk > 0 (DeepSeek"
                              " Sparse Attention) reads it; leave it at 0")
+      if self.index_stage != "sparse":
+        sections.fail_part(self, "index_stage", "only index_topk > 0 (DeepSeek"
+                           " Sparse Attention) has an indexer to train")
       return
     if self.q_lora_rank < 1:
       sections.fail_part(self, "q_lora_rank", "must be positive with"
@@ -152,6 +182,14 @@ class MlaConfig:
     if self.index_head_dim < rope_dim:
       sections.fail_part(self, "index_head_dim", f"must be at least head_dim"
                          f"={rope_dim} (its rotary part) with index_topk")
+
+
+def trainable_params(cfg: MlaConfig):
+  """Which parameters train: None for all, else a predicate of a
+  parameter's path names (the dense warm-up trains the indexer only)."""
+  if cfg.index_stage == "warmup":
+    return lambda names: not INDEXER_PARAMS.isdisjoint(names)
+  return None
 
 
 def softmax_scale(attention_cfg: attention.AttentionConfig, cfg: MlaConfig,
@@ -236,6 +274,7 @@ class MLA(nnx.Module):
       self.index_query = self.index_key = self.index_key_norm = None
       self.index_weights = None
     self.index_topk = cfg.index_topk
+    self.index_stage = cfg.index_stage
     self.kernel = kernel
     self.scale = softmax_scale(attention_cfg, cfg, rope_cfg)
     self.logit_softcap = attention_cfg.logit_softcap
@@ -260,11 +299,14 @@ class MLA(nnx.Module):
         k_nope_BSHO.dtype)], axis=-1), v_BSHU)
 
   def _sparse(self, rotary, x_BLD, q_latent_BLQ, q_BLHx, latent_BLZ,
-              k_rope_BL1K, *, segment_ids_BL, cache, positions_BL):
-    """DeepSeek Sparse Attention's output [B, L, H, U] and the cache (module
-    docstring)."""
+              k_rope_BL1K, *, segment_ids_BL, cache, positions_BL,
+              index_loss):
+    """DeepSeek Sparse Attention's output [B, L, H, U], the cache and with
+    `index_loss` the indexer's loss, else None (module docstring)."""
     batch, length = x_BLD.shape[:2]
     rope_dim = k_rope_BL1K.shape[-1]
+    # The indexer's inputs, detached: its loss trains the indexer only.
+    x_BLD, q_latent_BLQ = jax.lax.stop_gradient((x_BLD, q_latent_BLQ))
     iq_BLIJ, ik_BL1J = (
         jnp.concatenate([rotary.apply(x[..., :rope_dim]), x[..., rope_dim:]],
                         axis=-1)
@@ -291,15 +333,21 @@ class MLA(nnx.Module):
     qc_BLHZ = jnp.einsum("blho,zho->blhz",
                          q_BLHx[..., :self.nope_dim].astype(jnp.float32),
                          up_ZHx[..., :self.nope_dim])
-    out_BLHZ = sparse_attention.sparse_attention(
+    out = sparse_attention.sparse_attention(
         qc_BLHZ, q_BLHx[..., self.nope_dim:], c_BSZ, r_BSK, iq_BLIJ, ik_BSJ,
         w_BLI, top_k=self.index_topk, scale=self.scale,
         index_scale=iq_BLIJ.shape[-1]**-0.5, q_positions_BL=q_positions_BL,
         k_positions_BS=k_positions_BS, q_segments_BL=segment_ids_BL,
-        k_segments_BS=segment_ids_BL)
-    o_BLHU = jnp.einsum("blhz,zhu->blhu", out_BLHZ,
-                        up_ZHx[..., self.nope_dim:])
-    return o_BLHU.astype(q_BLHx.dtype), cache
+        k_segments_BS=segment_ids_BL, dense=self.index_stage == "warmup",
+        index_loss=index_loss)
+    loss = None
+    if index_loss:
+      out, kl_BL = out
+      real_BL = (jnp.ones(kl_BL.shape) if segment_ids_BL is None
+                 else (segment_ids_BL != 0).astype(jnp.float32))
+      loss = jnp.sum(kl_BL * real_BL) / jnp.maximum(jnp.sum(real_BL), 1.0)
+    o_BLHU = jnp.einsum("blhz,zhu->blhu", out, up_ZHx[..., self.nope_dim:])
+    return o_BLHU.astype(q_BLHx.dtype), cache, loss
 
   def __call__(
       self,
@@ -311,14 +359,20 @@ class MLA(nnx.Module):
       segment_ids_BL: jax.Array | None = None,
       cache: kv_cache_lib.KVCache | None = None,
       positions_BL: jax.Array | None = None,
-  ) -> jax.Array | tuple[jax.Array, kv_cache_lib.KVCache]:
+      index_loss: bool = False,
+  ) -> jax.Array | tuple[jax.Array, kv_cache_lib.KVCache | jax.Array]:
     """Attends causally (see `Attention.__call__`); with `cache` (from
     `empty_cache`) the tokens' latents are written at `positions_BL` and
     the tokens attend over every cached position; returns (output, cache).
+    With `index_loss` (no cache, an indexer): (output, the indexer's loss
+    of the module docstring).
     """
     if window is not None or chunk is not None:
       raise ValueError(f"MLA has no sliding window or chunks (got window="
                        f"{window}, chunk={chunk}).")
+    if index_loss and (cache is not None or not self.index_topk):
+      raise ValueError("index_loss needs an indexer (index_topk > 0) and no"
+                       " cache.")
     q_names = (axes.BATCH, axes.LENGTH, axes.HEADS, axes.HEAD_DIM)
     kv_names = (axes.BATCH, axes.KV_LENGTH, axes.HEADS, axes.HEAD_DIM)
     q_latent_BLQ = None
@@ -336,10 +390,10 @@ class MLA(nnx.Module):
     latent_BLZ = self.kv_norm(kv_BLx[..., :self.latent_dim])
     k_rope_BL1K = self._rotate(rotary, kv_BLx[..., None, self.latent_dim:])
     if self.index_topk:
-      o_BLHU, cache = self._sparse(
+      o_BLHU, cache, loss = self._sparse(
           rotary, x_BLD, q_latent_BLQ, q_BLHx, latent_BLZ, k_rope_BL1K,
           segment_ids_BL=segment_ids_BL, cache=cache,
-          positions_BL=positions_BL)
+          positions_BL=positions_BL, index_loss=index_loss)
     elif cache is None:
       k_BLHx, v_BLHU = self._keys_values(latent_BLZ, k_rope_BL1K)
       o_BLHU = self.kernel(q_BLHx, axes.constrain(k_BLHx, kv_names),
@@ -360,4 +414,6 @@ class MLA(nnx.Module):
     o_BLHU = checkpoint_name(axes.constrain(o_BLHU, q_names),
                              "attention_context")
     out_BLD = checkpoint_name(self.output(o_BLHU), "out_proj")
+    if index_loss:
+      return out_BLD, loss
     return out_BLD if cache is None else (out_BLD, cache)

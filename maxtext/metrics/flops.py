@@ -36,12 +36,14 @@ whatever the length: work linear in it (`linear_chunk` C, the execution's
 DeepSeek Sparse Attention (MLA with `index_topk` k, DeepSeek-V3.2) runs in
 the absorbed form: per query, its I indexer heads of width J score every
 causal key (I*(J + 1) multiply-adds per key, (L + 1) / 2 keys on average)
-with projections Q*I*J + D*(J + I) (Q the query latent), forward only (the
-selection is not differentiated); then each of the H heads attends to the
-min(i + 1, k) selected tokens over the latent Z and rotary key K (logits
-Z + K, weighted sum Z: 6*H*(2Z + K) FLOPs per selected token in training).
-The absorbed up-projections cost what the expanded ones do (kv_b's
-parameters, counted as matmuls).
+with projections Q*I*J + D*(J + I) (Q the query latent), trained (its KL
+loss, `maxtext.layers.mla`: 6 FLOPs each); then each of the H heads attends
+to the min(i + 1, k) selected tokens over the latent Z and rotary key K
+(logits Z + K, weighted sum Z: 6*H*(2Z + K) FLOPs per selected token in
+training). The absorbed up-projections cost what the expanded ones do
+(kv_b's parameters, counted as matmuls). In the dense warm-up
+(`index_stage="warmup"`) only the indexer trains: attention covers every
+causal key and the model's matmuls run forward only (2 FLOPs each).
 
 A vision tower (`vision_flops_per_image`) counts per image: its patch
 projection p*p*3*d and layers 4*d*d + 2*d*F per patch (t patches), its
@@ -160,8 +162,9 @@ def mean_attended_keys(window: int | None, seq_len: int,
 
 def sparse_attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
   """Training FLOPs of one DeepSeek Sparse Attention layer per token (module
-  docstring): the indexer forward only, latent attention over the selected
-  tokens trained."""
+  docstring): the indexer trained, latent attention over the selected
+  tokens trained (in the dense warm-up, over every causal key, forward
+  only)."""
   mla = cfg.mla
   heads, rope_dim = cfg.attention.num_heads, cfg.attention.head_dim
   indexer_projections = (mla.q_lora_rank * mla.index_num_heads *
@@ -169,9 +172,12 @@ def sparse_attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
                          (mla.index_head_dim + mla.index_num_heads))
   indexer_scores = (mla.index_num_heads * (mla.index_head_dim + 1) *
                     mean_attended_keys(None, seq_len))
-  selected = mean_attended_keys(mla.index_topk, seq_len)
-  return (2 * (indexer_projections + indexer_scores) +
-          6 * heads * (2 * mla.kv_lora_rank + rope_dim) * selected)
+  per_token = heads * (2 * mla.kv_lora_rank + rope_dim)
+  if mla.index_stage == "warmup":
+    attention = 2 * per_token * mean_attended_keys(None, seq_len)
+  else:
+    attention = 6 * per_token * mean_attended_keys(mla.index_topk, seq_len)
+  return 6 * (indexer_projections + indexer_scores) + attention
 
 
 def attention_flops_per_token(cfg: ModelConfig, seq_len: int,
@@ -208,8 +214,10 @@ def attention_flops_per_token(cfg: ModelConfig, seq_len: int,
 def training_flops_per_token(cfg: ModelConfig, seq_len: int,
                              linear_chunk: int = 64) -> float:
   """Forward + backward FLOPs per trained token at sequence length seq_len
-  (Gated DeltaNet layers in chunks of `linear_chunk`)."""
-  return 6 * matmul_params(cfg) + attention_flops_per_token(
+  (Gated DeltaNet layers in chunks of `linear_chunk`; DeepSeek Sparse
+  Attention's dense warm-up runs the frozen model forward only)."""
+  per_param = 2 if cfg.mla.index_stage == "warmup" else 6
+  return per_param * matmul_params(cfg) + attention_flops_per_token(
       cfg, seq_len, linear_chunk)
 
 

@@ -1,5 +1,7 @@
 """Tests for maxtext.metrics.flops against hand counts."""
 
+import dataclasses
+
 from absl.testing import absltest
 from flax import nnx
 import jax
@@ -41,11 +43,20 @@ class FlopsTest(absltest.TestCase):
         num_layers=1, embed_dim=4, mlp_dim=8, num_heads=2, num_kv_heads=2,
         head_dim=2, q_lora_rank=3, kv_lora_rank=5, qk_nope_head_dim=2,
         v_head_dim=2, index_topk=2, index_num_heads=3, index_head_dim=4))
-    # Indexer, forward only: projections 3*3*4 + 4*(4 + 3) = 64, scores
+    # Indexer, trained: projections 3*3*4 + 4*(4 + 3) = 64, scores
     # 3*(4 + 1) per causal key (mean 2.5). Attention over 1, 2, 2, 2
     # selected tokens (mean 1.75): 6 * 2 * (2*5 + 2) per token.
     self.assertAlmostEqual(flops.attention_flops_per_token(cfg, 4),
-                           2 * (64 + 15 * 2.5) + 6 * 2 * 12 * 1.75)
+                           6 * (64 + 15 * 2.5) + 6 * 2 * 12 * 1.75)
+    # Dense warm-up: attention over every causal key, forward only, and
+    # the frozen model's matmuls forward only.
+    warmup = dataclasses.replace(cfg, mla=dataclasses.replace(
+        cfg.mla, index_stage="warmup"))
+    self.assertAlmostEqual(flops.attention_flops_per_token(warmup, 4),
+                           6 * (64 + 15 * 2.5) + 2 * 2 * 12 * 2.5)
+    self.assertAlmostEqual(
+        flops.training_flops_per_token(warmup, 4),
+        2 * flops.matmul_params(cfg) + 6 * (64 + 15 * 2.5) + 2 * 2 * 12 * 2.5)
 
   def test_mean_attended_keys_matches_a_mask_count(self):
     for seq_len in (1, 5, 16):

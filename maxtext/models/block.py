@@ -131,9 +131,13 @@ class Block(nnx.Module):
                inputs: LayerInputs = LayerInputs(),
                store_kv: bool = False,
                image_blocks_BL: jax.Array | None = None,
-               valid_BL: jax.Array | None = None):
-    """Returns (new residual stream, cache or None, moe aux dict or None,
-    its keys and values or None); `rotary` None: the layer has none.
+               valid_BL: jax.Array | None = None,
+               index_loss: bool = False):
+    """Returns (new residual stream, cache or None, aux dict or None, its
+    keys and values or None); `rotary` None: the layer has none. The aux
+    dict holds the experts' values (`moe.MoE`) and, with `index_loss` (no
+    cache) and a DeepSeek Sparse Attention indexer, its "indexer_loss"
+    (`mla.MLA`).
 
     `inputs`: the layer's own input and, for a layer that shares keys and
     values, another layer's. `store_kv` (no cache): return this layer's
@@ -155,11 +159,21 @@ class Block(nnx.Module):
     gqa_only = {} if kv is None else {"kv": kv}
     if image_blocks_BL is not None:
       gqa_only["image_blocks_BL"] = image_blocks_BL
+    indexer = (index_loss and cache is None and
+               isinstance(self.attention, mla.MLA) and
+               self.attention.index_topk > 0)
     h_BLD = self.attention(h_BLD, rotary, window=window, chunk=chunk,
                            segment_ids_BL=segment_ids_BL, cache=cache,
-                           positions_BL=positions_BL, **gqa_only)
-    return self._feed_forward(x_BLD, h_BLD, cache, inputs,
-                              kv if store_kv else None)
+                           positions_BL=positions_BL, **gqa_only,
+                           **({"index_loss": True} if indexer else {}))
+    loss = None
+    if indexer:
+      h_BLD, loss = h_BLD
+    x_BLD, cache, aux, kv = self._feed_forward(x_BLD, h_BLD, cache, inputs,
+                                               kv if store_kv else None)
+    if loss is not None:
+      aux = {**(aux or {}), "indexer_loss": loss}
+    return x_BLD, cache, aux, kv
 
   def _feed_forward(self, x_BLD, h_BLD, cache, inputs, kv):
     """The block after its attention's output `h_BLD` (with a cache, with
@@ -222,10 +236,12 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
                  cached: bool, page_table_BN: jax.Array | None = None,
                  remat_config: remat.RematConfig = remat.RematConfig(),
                  image_blocks_BL: jax.Array | None = None,
-                 valid_BL: jax.Array | None = None):
+                 valid_BL: jax.Array | None = None,
+                 index_loss: bool = False):
   """`run_block(block, x_BLD, layer, layer_cache, inputs) -> (x_BLD,
   layer_cache, aux, kv)` for the layers of `pattern`, `inputs` its
-  `LayerInputs`, aux the block's MoE aux dict or None, kv the keys and
+  `LayerInputs`, aux the block's aux dict (`Block.__call__`; indexers'
+  losses with `index_loss`) or None, kv the keys and
   values of a layer that `stores_kv` (without a cache), else None.
 
   With `cached`, each block reads and writes its layer's KV cache at
@@ -269,7 +285,8 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
                               segment_ids_BL=segment_ids_BL,
                               positions_BL=positions_BL, inputs=inputs,
                               store_kv=layer.stores_kv,
-                              image_blocks_BL=image_blocks_BL)
+                              image_blocks_BL=image_blocks_BL,
+                              index_loss=index_loss)
     return axes.constrain(x_BLD, RESIDUAL), aux, kv
 
   remat_block = _with_remat(call_block, cfg, remat_config)

@@ -93,8 +93,13 @@ bias (`update_router_bias`).
 Multi-token prediction (`cfg.mtp.layers` > 0, DeepSeek-V3): `mtp` holds one
 `maxtext.models.mtp.MTP` per depth; sown: their logits as `mtp.MtpLogits`
 "mtp_logits" (the train step adds their weighted loss to the objective) and,
-with experts, their blocks' auxiliary losses as `moe.AuxLoss`
-"mtp_aux_loss".
+with experts or an indexer, their blocks' auxiliary losses (the experts'
+and the indexer's) as `moe.AuxLoss` "mtp_aux_loss".
+
+DeepSeek Sparse Attention (`cfg.mla.index_topk` > 0): sown, the sum over
+layers of each indexer's loss (`maxtext.layers.mla`) as a `moe.AuxLoss`
+"indexer_loss" (the train step adds it to the objective and logs it as
+`train/indexer_loss`).
 
 Sowing: the forward pass sows these values (`Module.sow`) only without a
 cache and under `nnx.capture`, which hands the caller the types it names
@@ -289,10 +294,16 @@ class Decoder(nnx.Module):
                                          page_table_BN=page_table_BN,
                                          remat_config=self.execution.remat,
                                          image_blocks_BL=image_blocks_BL,
-                                         valid_BL=valid_BL)
+                                         valid_BL=valid_BL, index_loss=sow)
       x_BLD, cache, auxes = layer_stack.run_layers(
           cfg, self._stacks(), self.pattern, x_BLD, run_block, cache,
           self._per_layer_inputs(tokens_BL, x_BLD))
+      index_losses = [aux.pop("indexer_loss") for aux in auxes.values()
+                      if aux and "indexer_loss" in aux]
+      if index_losses:  # Only when sowing.
+        self.sow(moe.AuxLoss, "indexer_loss",
+                 sum(jnp.sum(losses) for losses in index_losses),
+                 reduce_fn=lambda _, new: new)
       expert_auxes = [auxes[name] for name in self._expert_kinds()]
       if expert_auxes and sow:
         self._sow_moe(jax.tree.map(lambda *a: jnp.concatenate(a),
@@ -372,8 +383,8 @@ class Decoder(nnx.Module):
 
   def _sow_mtp(self, tokens_BL, h_BLD, positions_BL, segment_ids_BL):
     """Sows each prediction depth's logits (`mtp.MtpLogits` "mtp_logits")
-    and, with experts, their blocks' weighted auxiliary losses
-    (`moe.AuxLoss` "mtp_aux_loss")."""
+    and, with experts or an indexer, their blocks' weighted auxiliary
+    losses (`moe.AuxLoss` "mtp_aux_loss")."""
     cfg = self.cfg
     rotary = cfg.rope.global_rotary(positions_BL, cfg.attention.head_dim)
     logits, auxes = mtp.predict(self.mtp, tokens_BL, h_BLD, rotary,
@@ -382,7 +393,8 @@ class Decoder(nnx.Module):
              reduce_fn=lambda _, new: new)
     if auxes[0] is not None:
       self.sow(moe.AuxLoss, "mtp_aux_loss",
-               sum(aux["loss"] for aux in auxes),
+               sum(aux.get("loss", 0.0) + aux.get("indexer_loss", 0.0)
+                   for aux in auxes),
                reduce_fn=lambda _, new: new)
 
   def _sow_moe(self, aux):

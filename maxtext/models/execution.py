@@ -80,6 +80,8 @@ class Execution:
     for field, value, what in (
         ("num_experts", cfg.moe.num_experts, "experts"),
         ("mtp_layers", cfg.mtp.layers, "multi-token prediction"),
+        ("index_topk", cfg.mla.index_topk,
+         "DeepSeek Sparse Attention (its indexer's loss)"),
         ("kv_shared_layers", cfg.pattern.kv_shared_layers,
          "keys and values shared across layers"),
         ("per_layer_input_dim", cfg.per_layer_input_dim,

@@ -87,13 +87,14 @@ class MTP(nnx.Module):
                rotary: rope.Rotary, positions_BL: jax.Array | None,
                segment_ids_BL: jax.Array | None
                ) -> tuple[jax.Array, dict | None]:
-    """(h^k [B, L, D], the block's MoE aux dict or None) from h^{k-1} and
+    """(h^k [B, L, D], the block's aux dict or None: its experts' values
+    and its indexer's loss, `block.Block`) from h^{k-1} and
     the embeddings of the tokens k ahead."""
     x_BLD = self.projection(jnp.concatenate(
         [self.embed_norm(embedded_BLD), self.hidden_norm(h_BLD)], axis=-1))
     x_BLD, _, aux, _ = self.block(x_BLD, rotary, window=None,
                                   segment_ids_BL=segment_ids_BL,
-                                  positions_BL=positions_BL)
+                                  positions_BL=positions_BL, index_loss=True)
     return x_BLD, aux
 
 
@@ -103,7 +104,7 @@ def predict(modules: Sequence[MTP], tokens_BL: jax.Array, h_BLD: jax.Array,
             embed: Callable[[jax.Array], jax.Array],
             logits: Callable[[jax.Array], jax.Array],
             ) -> tuple[list[jax.Array], list[dict | None]]:
-  """Each depth's logits [B, L, V] and MoE aux (module doc).
+  """Each depth's logits [B, L, V] and block aux (module doc).
 
   Args:
     modules: The depths in order.

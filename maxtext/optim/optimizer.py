@@ -16,8 +16,17 @@ every parameter of two or more dimensions whose leaf name is not `scale` or
 `bias`. Norm scales and biases are not decayed: pulling them towards zero
 changes the function's normalisation rather than limiting its capacity. The
 name test keeps layer-stacked (scanned) norm scales, which are 2-D, undecayed.
+
+A model may train only some of its parameters (DeepSeek Sparse Attention's
+dense warm-up trains its indexer only: `maxtext.layers.mla`): a predicate
+`trainable(names)` of a parameter's path names picks them;
+`stop_frozen_gradients` makes the others' gradients zero (so their backward
+pass is not even computed), `keep_frozen` zeroes their updates (no weight
+decay either) and `keep_frozen_state` keeps the model's other state (a
+router bias) as it was.
 """
 
+from collections.abc import Callable
 import dataclasses
 import math
 
@@ -101,22 +110,63 @@ def learning_rate_schedule(config: OptimizerConfig,
   return schedule
 
 
-def _leaf_name(path) -> str:
-  last = path[-1] if path else None
-  for attr in ("key", "name"):
-    if hasattr(last, attr):
-      return str(getattr(last, attr))
-  return str(last)
+def path_names(path) -> tuple[str, ...]:
+  """The names along a `jax.tree_util` key path."""
+  def name(key):
+    for attr in ("key", "name", "idx"):
+      if hasattr(key, attr):
+        return str(getattr(key, attr))
+    return str(key)
+
+  return tuple(name(key) for key in path)
 
 
 def weight_decay_mask(params):
   """True for parameters that get weight decay (see the module docstring)."""
   def decays(path, leaf) -> bool:
-    if _leaf_name(path) in NO_DECAY_NAMES:
+    names = path_names(path)
+    if names and names[-1] in NO_DECAY_NAMES:
       return False
     return jnp.ndim(leaf) >= 2
 
   return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def stop_frozen_gradients(params, trainable: Callable[[tuple[str, ...]],
+                                                       bool] | None):
+  """`params` with the gradients of those `trainable` rejects stopped
+  (`trainable` None: all train)."""
+  if trainable is None:
+    return params
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: x if trainable(path_names(path))
+      else jax.lax.stop_gradient(x), params)
+
+
+def keep_frozen(trainable: Callable[[tuple[str, ...]], bool] | None
+                ) -> optax.GradientTransformation:
+  """Zeroes the updates of the parameters `trainable` rejects (None: every
+  parameter trains, and the updates pass unchanged); stateless."""
+
+  def update_fn(updates, state, params=None):
+    del params
+    if trainable is not None:
+      updates = jax.tree_util.tree_map_with_path(
+          lambda path, u: u if trainable(path_names(path))
+          else jnp.zeros_like(u), updates)
+    return updates, state
+
+  return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
+def keep_frozen_state(new, old, trainable: Callable[[tuple[str, ...]],
+                                                   bool] | None):
+  """Model state `new` where `trainable` accepts the path, else `old` (a
+  frozen model's non-parameter state, e.g. its router bias, stays)."""
+  if trainable is None:
+    return new
+  return jax.tree_util.tree_map_with_path(
+      lambda path, n, o: n if trainable(path_names(path)) else o, new, old)
 
 
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:

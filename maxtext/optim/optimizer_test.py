@@ -119,6 +119,30 @@ class UpdateTest(absltest.TestCase):
                             "final_norm": {"scale": False},
                             "gain": False})
 
+  def test_frozen_parameters(self):
+    """Only the parameters `trainable` accepts get gradients and updates
+    (weight decay included); a frozen model's state stays; None: all."""
+    params = {"block": {"index_key": {"kernel": jnp.ones((2, 2))},
+                        "mlp": {"kernel": jnp.ones((2, 2))}}}
+    trainable = lambda names: "index_key" in names
+    grads = jax.grad(lambda p: sum(jnp.sum(x**2) for x in jax.tree.leaves(
+        optimizer.stop_frozen_gradients(p, trainable))))(params)
+    self.assertEqual(float(jnp.abs(grads["block"]["mlp"]["kernel"]).max()),
+                     0.0)
+    np.testing.assert_array_equal(grads["block"]["index_key"]["kernel"], 2.0)
+    tx = optax.chain(optimizer.make_optimizer(_config(weight_decay=0.5), 10),
+                     optimizer.keep_frozen(trainable))
+    updates, _ = tx.update(grads, tx.init(params), params)
+    np.testing.assert_array_equal(updates["block"]["mlp"]["kernel"], 0.0)
+    self.assertLess(float(updates["block"]["index_key"]["kernel"].max()), 0)
+    tx = optimizer.keep_frozen(None)
+    self.assertIs(tx.update(grads, tx.init(params))[0], grads)
+    state = {"router": {"bias": jnp.ones(3)}, "index_key": {"x": jnp.ones(1)}}
+    new = jax.tree.map(lambda x: x + 1, state)
+    kept = optimizer.keep_frozen_state(new, state, trainable)
+    np.testing.assert_array_equal(kept["router"]["bias"], 1.0)
+    np.testing.assert_array_equal(kept["index_key"]["x"], 2.0)
+
   def test_clipping_matches_optax(self):
     rng = np.random.default_rng(1)
     grads = {"a": rng.normal(size=(3, 4)).astype(np.float32),

@@ -19,6 +19,7 @@ layout, updates it there, constrains the updates to the parameters' layout
 and moves the state back; the train step itself is unchanged.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 from flax import nnx
@@ -28,8 +29,10 @@ import jax.numpy as jnp
 import optax
 
 from maxtext.common.model_config import ModelConfig
+from maxtext.layers import mla
 from maxtext.models import execution as execution_lib
 from maxtext.models import registry
+from maxtext.optim import optimizer as optimizer_lib
 from maxtext.quant import qat as qat_lib
 from maxtext.sharding import mesh as mesh_lib
 from maxtext.sharding import rules as rules_lib
@@ -52,6 +55,8 @@ class TrainState:
       replicated, activations unconstrained.
     microbatches: The train step accumulates gradients over this many
       slices of the batch.
+    trainable: Which parameters train, a predicate of their path names
+      (`maxtext.optim.optimizer`); None: all of them.
   """
 
   step: jax.Array
@@ -65,6 +70,8 @@ class TrainState:
   rules: rules_lib.LogicalRules | None = struct.field(pytree_node=False,
                                                       default=None)
   microbatches: int = struct.field(pytree_node=False, default=1)
+  trainable: Callable[[tuple[str, ...]], bool] | None = struct.field(
+      pytree_node=False, default=None)
 
   def model(self) -> nnx.Module:
     """The model with this state's parameters."""
@@ -178,7 +185,10 @@ def create_train_state(model_config: ModelConfig, *,
     model_config: The model.
     execution: How it runs (attention kernel, pipeline, remat).
     seed: Seed of the parameter initialisation.
-    tx: The optimizer.
+    tx: The optimizer. With DeepSeek Sparse Attention it is followed by
+      `optimizer.keep_frozen` of the parameters the model trains
+      (`mla.trainable_params`; all but the indexer's are frozen in the
+      dense warm-up), in both stages, so their states match.
     schedule: Its learning-rate schedule (reported as a metric).
     z_loss: Weight of the z-loss.
     mesh: Devices; the state is created directly with its sharding.
@@ -220,6 +230,9 @@ def create_train_state(model_config: ModelConfig, *,
           model, qat, jnp.zeros(tokens_shape, jnp.int32))
     return model
 
+  trainable = mla.trainable_params(model_config.mla)
+  if model_config.mla.index_topk:
+    tx = optax.chain(tx, optimizer_lib.keep_frozen(trainable))
   abstract_model = nnx.eval_shape(create_model)
   graphdef, abstract_params, _ = nnx.split(abstract_model, nnx.Param, ...)
   param_names = rules_lib.logical_names(abstract_params)
@@ -247,4 +260,4 @@ def create_train_state(model_config: ModelConfig, *,
     tree = jax.jit(init, out_shardings=shardings)()
   return TrainState(graphdef=graphdef, tx=tx, schedule=schedule,
                     z_loss=z_loss, rules=rules, microbatches=microbatches,
-                    **tree)
+                    trainable=trainable, **tree)

@@ -7,7 +7,10 @@ next-token cross-entropy; with `z_loss > 0` the train step adds
 logits from drifting (PaLM). The model runs under `nnx.capture`, which
 collects what it sows (`maxtext.models.decoder`). Losses it sows as
 `moe.AuxLoss` (mixture-of-experts load balancing and router z-loss, already
-weighted) are added to the objective; `train/loss` stays the cross-entropy.
+weighted; DeepSeek Sparse Attention's indexer losses, logged as
+`train/indexer_loss`) are added to the objective; `train/loss` stays the
+cross-entropy. Parameters the state does not train (`TrainState.trainable`)
+get zero gradients, so their backward pass is not computed.
 The experts' statistics it sows (`nnx.Intermediate` "moe_metrics" and
 "expert_load") become `moe/*` metrics, and after the update the model moves
 its router bias against the step's expert loads (`update_router_bias`,
@@ -36,6 +39,7 @@ from flax import nnx
 from maxtext.common import axes
 from maxtext.layers import moe
 from maxtext.models import mtp
+from maxtext.optim import optimizer
 from maxtext.optim import update_guard
 from maxtext.trainers import loop
 from maxtext.trainers import train_state as train_state_lib
@@ -122,7 +126,9 @@ def train_step(state: TrainState,
     `moe/load_balance_loss`, `moe/router_z_loss` (both unweighted),
     `moe/dropped_fraction` (of the token-expert assignments) and
     `moe/load_imbalance` (max over mean expert load), and with multi-token
-    prediction `train/mtp_loss` (unweighted); and `loop.STATE_FINITE_METRIC`,
+    prediction `train/mtp_loss` (unweighted), with DeepSeek Sparse
+    Attention `train/indexer_loss` (the sum over layers of each indexer's
+    mean KL); and `loop.STATE_FINITE_METRIC`,
     whether the new state is finite.
   """
   return apply_gradients(state, *loss_and_grads(state, batch))
@@ -148,8 +154,9 @@ def apply_gradients(state: TrainState, loss: jax.Array, z_term: jax.Array,
   if state.z_loss:  # Static: part of the compiled program.
     metrics["train/z_loss"] = state.z_loss * z_term
   metrics.update(update_guard.step_metrics(opt_state))
-  if "mtp_loss" in moe_stats:  # Static: multi-token prediction is on.
-    metrics["train/mtp_loss"] = moe_stats.pop("mtp_loss")
+  for name in ("mtp_loss", "indexer_loss"):  # Static: what the model has.
+    if name in moe_stats:
+      metrics[f"train/{name}"] = moe_stats.pop(name)
   model_state = state.model_state
   if moe_stats:  # Static: the model has experts.
     expert_load_lE = moe_stats.pop("expert_load")
@@ -158,7 +165,9 @@ def apply_gradients(state: TrainState, loss: jax.Array, z_term: jax.Array,
     metrics["moe/load_imbalance"] = moe.load_imbalance(expert_load_lE)
     model = state.model()
     model.update_router_bias(expert_load_lE)
-    model_state = train_state_lib.split_model(model)[2]
+    model_state = optimizer.keep_frozen_state(
+        train_state_lib.split_model(model)[2], state.model_state,
+        state.trainable)
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state, model_state=model_state)
   # Checked with the metrics, before the state can be saved (`loop`).
@@ -179,6 +188,7 @@ def loss_and_grads(state: TrainState, batch: dict[str, jax.Array]
   """
 
   def loss_fn(params, batch):
+    params = optimizer.stop_frozen_gradients(params, state.trainable)
     model = state.replace(params=params).model()
     forward = nnx.capture(model, moe.AuxLoss, mtp.MtpLogits, nnx.Intermediate)
     with axes.activation_sharding(state.rules):
@@ -190,6 +200,9 @@ def loss_and_grads(state: TrainState, batch: dict[str, jax.Array]
     # Losses the model sows (mixture of experts: load balance, router z-loss).
     model_loss = sum(jax.tree.leaves(aux_losses))
     stats = _moe_stats(intermediates)
+    sown_losses = nnx.to_pure_dict(aux_losses)
+    if "indexer_loss" in sown_losses:  # DeepSeek Sparse Attention.
+      stats["indexer_loss"] = sown_losses["indexer_loss"]
     mtp_loss = _mtp_loss(mtp_logits, batch)
     if mtp_loss is not None:  # Multi-token prediction (DeepSeek-V3).
       stats["mtp_loss"] = mtp_loss
