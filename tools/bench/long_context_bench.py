@@ -1,30 +1,40 @@
-r"""Gated DeltaNet vs full attention: training step and decoding by length.
+r"""Attention that is not quadratic vs full attention: training step and
+decoding by length.
 
-Three variants of one model (configs/qwen3_5.py's `small` shape unless
-flags change it) that differ only in which layers are Gated DeltaNet
-(linear attention) and which full attention:
+Variants of one model that differ only in their attention, by `--family`:
 
-  full    every layer full attention (`full_attention_interval` 1);
-  hybrid  the published pattern: three Gated DeltaNet layers, then one full
-          attention layer (interval 4);
-  linear  every layer Gated DeltaNet (interval above the layer count).
+  qwen3_5 (configs/qwen3_5.py's `small` shape): which layers are Gated
+  DeltaNet (linear attention) and which full attention:
+    full    every layer full attention (`full_attention_interval` 1);
+    hybrid  the published pattern: three Gated DeltaNet layers, then one
+            full attention layer (interval 4);
+    linear  every layer Gated DeltaNet (interval above the layer count).
+
+  deepseek3_2 (configs/deepseek3_2.py's `small` shape): multi-head latent
+  attention, dense or DeepSeek Sparse Attention:
+    dense   every query attends to every earlier token (no indexer);
+    sparse  each query attends to the `--index_topk` tokens its indexer
+            picks (the indexer scores every earlier token; its KL loss is
+            part of the training step, as in training).
 
 For each training length it compiles one forward and backward of the
-next-token loss (gradients of every parameter) per variant and prints the
-step time (median of `--repeats` calls, the variants timed in turn round
-after round so that load from other jobs falls on all alike) and XLA's
-compiled scratch memory (`memory_analysis().temp_size_in_bytes`: the
-activations kept for the backward pass and the work buffers). Full attention
-runs the execution's attention kernel ("auto": blockwise, O(L) memory, on
-CPU), so its memory grows linearly too and its time quadratically.
+next-token loss (gradients of every parameter; with an indexer, plus its
+loss) per variant and prints the step time (median of `--repeats` calls,
+the variants timed in turn round after round so that load from other jobs
+falls on all alike) and XLA's compiled scratch memory
+(`memory_analysis().temp_size_in_bytes`: the activations kept for the
+backward pass and the work buffers). Full attention runs the execution's
+attention kernel ("auto": blockwise, O(L) memory, on CPU), so its memory
+grows linearly too and its time quadratically.
 
 Then decoding at long context: per variant, `--decode_tokens` greedy tokens
 after a `--context`-token prompt; the prefill's own time (generating one
 token) is subtracted, leaving tokens/s of the decode steps alone. Full
 attention reads a key/value cache as long as the context; Gated DeltaNet
-carries a fixed-size state.
+carries a fixed-size state; sparse attention reads the whole cache's
+indexer keys but attends to top-k tokens.
 
-  tools/bazel run //tools/bench:linear_attention_bench -- \
+  tools/bazel run //tools/bench:long_context_bench -- --family=qwen3_5 \
       --lengths=512,2048,8192 --context=8192
 """
 
@@ -39,17 +49,22 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from configs import deepseek3_2
 from configs import qwen3_5
 from maxtext.common.model_config import ModelConfig
 from maxtext.inference import generate
 from maxtext.kernels import dispatch
+from maxtext.layers import moe
 from maxtext.models import execution as execution_lib
 from maxtext.models import registry
 
+_FAMILY = flags.DEFINE_enum("family", "qwen3_5", ["qwen3_5", "deepseek3_2"],
+                            "Which attentions to compare (module doc).")
 _LENGTHS = flags.DEFINE_list(
     "lengths", ["512", "1024", "2048", "4096", "8192", "16384"],
     "Training sequence lengths.")
-_VARIANTS = ("full", "hybrid", "linear")
+_VARIANTS = {"qwen3_5": ("full", "hybrid", "linear"),
+             "deepseek3_2": ("dense", "sparse")}
 _BATCH = flags.DEFINE_integer("batch", 1, "Sequences per training step.")
 _NUM_LAYERS = flags.DEFINE_integer("num_layers", 4, "Layers.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 4096, "Vocabulary size.")
@@ -60,14 +75,22 @@ _CONTEXT = flags.DEFINE_integer("context", 8192,
                                 "Prompt length before decoding (0: skip).")
 _DECODE_TOKENS = flags.DEFINE_integer("decode_tokens", 32,
                                       "Tokens decoded after the prompt.")
+_INDEX_TOPK = flags.DEFINE_integer(
+    "index_topk", 64, "deepseek3_2: tokens each query attends to (sparse).")
 
 
 def _model_config(variant: str) -> ModelConfig:
-  model = qwen3_5.get_config("small").model
-  interval = {"full": 1, "hybrid": 4,
-              "linear": _NUM_LAYERS.value + 1}[variant]
-  model.update(num_layers=_NUM_LAYERS.value, vocab_size=_VOCAB.value,
-               full_attention_interval=interval)
+  if _FAMILY.value == "deepseek3_2":
+    model = deepseek3_2.get_config("small").model
+    if variant == "dense":
+      model.update(index_topk=0, index_num_heads=0, index_head_dim=0)
+    else:
+      model.update(index_topk=_INDEX_TOPK.value)
+  else:
+    model = qwen3_5.get_config("small").model
+    model.update(full_attention_interval={
+        "full": 1, "hybrid": 4, "linear": _NUM_LAYERS.value + 1}[variant])
+  model.update(num_layers=_NUM_LAYERS.value, vocab_size=_VOCAB.value)
   return ModelConfig.from_dict(model)
 
 
@@ -85,9 +108,13 @@ def _compiled_step(model: nnx.Module, length: int):
       0, _VOCAB.value, size=(_BATCH.value, length + 1)), jnp.int32)
 
   def loss(state, tokens):
-    logits = nnx.merge(graphdef, state)(tokens[:, :-1])
+    # Under nnx.capture, as the train step runs it: what the model sows
+    # (the indexer's loss) counts.
+    logits, sown = nnx.capture(nnx.merge(graphdef, state),
+                               moe.AuxLoss)(tokens[:, :-1])
     return optax.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), tokens[:, 1:]).mean()
+        logits.astype(jnp.float32), tokens[:, 1:]).mean() + sum(
+            jax.tree.leaves(sown))
 
   compiled = jax.jit(jax.value_and_grad(loss)).lower(state, tokens).compile()
   return compiled, (state, tokens)
@@ -141,13 +168,13 @@ def _decode_table(models: dict[str, nnx.Module]) -> None:
 
 def main(argv):
   del argv
-  models = {name: _model(name) for name in _VARIANTS}
-  cfg = _model_config("hybrid")
+  models = {name: _model(name) for name in _VARIANTS[_FAMILY.value]}
+  cfg = _model_config(_VARIANTS[_FAMILY.value][-1])
   print(f"backend={jax.default_backend()} layers={cfg.num_layers}"
         f" embed={cfg.embed_dim} heads={cfg.attention.num_heads}/"
         f"{cfg.attention.num_kv_heads}x{cfg.attention.head_dim}"
         f" vocab={cfg.vocab_size} batch={_BATCH.value}"
-        f" linear_chunk={_CHUNK.value}")
+        f" linear_chunk={_CHUNK.value} index_topk={cfg.mla.index_topk}")
   _train_table(models)
   if _CONTEXT.value:
     _decode_table(models)
