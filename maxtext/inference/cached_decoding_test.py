@@ -85,7 +85,8 @@ class CachedDecodingTest(parameterized.TestCase):
           f"max |cached - full| = {diff:.3g}")
     self.assertLessEqual(diff, _TOLERANCE)
 
-  @parameterized.parameters(("gemma3", True), ("gpt_oss", False))
+  @parameterized.parameters(("gemma3", True), ("gpt_oss", False),
+                            ("deepseek3_2", False))
   def test_paged_logits_equal_full_forward(self, family, scan_layers):
     model = _model(_tiny(family, scan_layers=scan_layers))
     page_size, pages_per_row, num_pages = 4, _LENGTH // 4, 9
@@ -102,8 +103,8 @@ class CachedDecodingTest(parameterized.TestCase):
     # caches hold only their pages [(layers,) P, T, G, K].
     leading = (3,) if scan_layers else ()
     self.assertEqual(
-        {leaf.shape for leaf in jax.tree.leaves(cache)},
-        {(*leading, num_pages, page_size, 2, 8)})
+        {leaf.shape[:len(leading) + 2] for leaf in jax.tree.leaves(cache)},
+        {(*leading, num_pages, page_size)})
 
   def test_cache_layouts(self):
     for scan_layers, kind in ((True, "stacked"), (False, "tuple")):

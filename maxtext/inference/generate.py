@@ -218,10 +218,6 @@ def _paging(model, kv_cache, page_size, num_pages, impl) -> _Paging | None:
                      f"{list(KV_CACHES)}.")
   if kv_cache == "dense":
     return None
-  if model.cfg.attention.type == "mla":
-    raise ValueError("kv_cache='paged' does not serve multi-head latent "
-                     "attention (attention_type='mla', its cache holds "
-                     "latents); use kv_cache='dense'.")
   if page_size < 1:
     raise ValueError(f"page_size={page_size} must be >= 1.")
   if num_pages is not None and num_pages < 1:

@@ -57,6 +57,11 @@ class KVCache:
     return KVCache(write(self.key_BSGK, k_BLGK, start_B),
                    write(self.value_BSGK, v_BLGK, start_B))
 
+  def gather(self) -> tuple[jax.Array, jax.Array]:
+    """Keys and values [B, S, G, K], slot j holding position j (as
+    `PagedView.gather`)."""
+    return self.key_BSGK, self.value_BSGK
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -151,13 +156,16 @@ def paged_like(cache, *, num_pages: int, page_size: int, impl: str = "auto"):
   Layers stacked in `cache` (a leading layer axis) stay stacked: the pages
   get the same leading axes.
   """
+  def pages(array_BSGK):
+    *leading, _, _, heads, width = array_BSGK.shape
+    return jnp.zeros((*leading, num_pages, page_size, heads, width),
+                     array_BSGK.dtype)
+
   def paged(layer):
     if not isinstance(layer, KVCache):
       return jnp.zeros(layer.shape, layer.dtype)
-    *leading, _, _, num_kv_heads, head_dim = layer.key_BSGK.shape
-    shape = (*leading, num_pages, page_size, num_kv_heads, head_dim)
-    return PagedKVCache(jnp.zeros(shape, layer.key_BSGK.dtype),
-                        jnp.zeros(shape, layer.value_BSGK.dtype), impl)
+    return PagedKVCache(pages(layer.key_BSGK), pages(layer.value_BSGK),
+                        impl)
 
   return jax.tree.map(paged, cache,
                       is_leaf=lambda node: isinstance(node, KVCache))

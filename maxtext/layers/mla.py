@@ -24,7 +24,10 @@ and the rotated shared key, a `KVCache` whose "keys" are the latents
 [B, S, 1, Z] and "values" the rotary keys [B, S, 1, K]; decoding expands the
 cached latents with kv_b, so it computes the same function as the uncached
 forward pass (the weight-absorbed decoding of DeepSeek's inference code,
-which skips that expansion, is not implemented).
+which skips that expansion, is not implemented). A paged cache
+(`kv_cache.PagedView`) holds the same entries in pages: each call reads
+its rows' pages as that dense view (`gather`), attention over latents
+having no paged kernel.
 
 With `index_topk` (DeepSeek-V3.2's DeepSeek Sparse Attention) a lightning
 indexer picks the tokens each query attends to
@@ -322,9 +325,10 @@ class MLA(nnx.Module):
       cache = cache.write(latent_BLZ[:, :, None], jnp.concatenate(
           [k_rope_BL1K, ik_BL1J.astype(k_rope_BL1K.dtype)], axis=-1),
                           positions_BL[:, 0])
-      c_BSZ = cache.key_BSGK[:, :, 0]
-      r_BSK = cache.value_BSGK[:, :, 0, :rope_dim]
-      ik_BSJ = cache.value_BSGK[:, :, 0, rope_dim:]
+      c_BS1Z, values_BS1x = cache.gather()
+      c_BSZ = c_BS1Z[:, :, 0]
+      r_BSK = values_BS1x[:, :, 0, :rope_dim]
+      ik_BSJ = values_BS1x[:, :, 0, rope_dim:]
       q_positions_BL = positions_BL
     k_positions_BS = jnp.broadcast_to(jnp.arange(c_BSZ.shape[1]),
                                       c_BSZ.shape[:2])
@@ -404,8 +408,8 @@ class MLA(nnx.Module):
       kv_cache_lib.check_decode_args(segment_ids_BL, positions_BL)
       cache = cache.write(latent_BLZ[:, :, None], k_rope_BL1K,
                           positions_BL[:, 0])
-      k_BSHx, v_BSHU = self._keys_values(cache.key_BSGK[:, :, 0],
-                                         cache.value_BSGK)
+      c_BS1Z, r_BS1K = cache.gather()
+      k_BSHx, v_BSHU = self._keys_values(c_BS1Z[:, :, 0], r_BS1K)
       mask_BLS = attention_kernels.positions_mask(positions_BL, cache.length)
       o_BLHU = self.kernel(q_BLHx, axes.constrain(k_BSHx, kv_names),
                            axes.constrain(v_BSHU, kv_names),
