@@ -250,8 +250,9 @@ def mesh_axes(**sizes: int) -> ml_collections.ConfigDict:
 #             expert (they all split the batch, so they share the parameters'
 #             memory); fsdp alone if that does not fit.
 #   mlp       MLP hidden: tensor, then fsdp_transpose.
-#   heads, kv_heads: tensor parallel (kv_heads falls back to replicated when
-#             there are fewer key/value heads than tensor devices).
+#   heads, kv_heads, index_heads (DeepSeek Sparse Attention's indexer):
+#             tensor parallel (kv_heads falls back to replicated when there
+#             are fewer key/value heads than tensor devices).
 #   head_dim  replicated.
 #   layers    the stacked layers of scan_layers: split into pipeline stages.
 #   experts   the expert dim of expert weights: expert parallel (their embed
@@ -265,6 +266,7 @@ PARAM_RULES = (
     ("mlp", ("tensor",)),
     ("heads", ("tensor",)),
     ("kv_heads", ("tensor",)),
+    ("index_heads", ("tensor",)),
     ("head_dim", ()),
     ("layers", ("stage",)),
 )
@@ -274,7 +276,7 @@ PARAM_RULES = (
 #   length    the sequence axis (queries; keys and values, "kv_length", are
 #             gathered whole, so attention sees every key).
 #   embed     the residual stream is replicated over tensor.
-#   heads, kv_heads, mlp, vocab: tensor parallel.
+#   heads, kv_heads, index_heads, mlp, vocab: tensor parallel.
 #   stage     the pipeline's buffer of one microbatch per stage.
 #   experts   tokens dispatched to experts (capacity path): each expert's
 #             slots live with its weights, so dispatch is an all-to-all.
@@ -286,6 +288,7 @@ COMPUTE_RULES = (
     ("embed", ()),
     ("heads", ("tensor",)),
     ("kv_heads", ("tensor",)),
+    ("index_heads", ("tensor",)),
     ("head_dim", ()),
     ("mlp", ("tensor",)),
     ("vocab", ("tensor",)),

@@ -341,5 +341,26 @@ class GatedDeltaNetAcrossShardsTest(absltest.TestCase):
     _assert_trees_close(self, grads, want[1], scaled_atol=1e-3)
 
 
+class SparseAttentionAcrossShardsTest(absltest.TestCase):
+  """DeepSeek-V3.2's layers (latent attention over each query's top 4 of 8
+  tokens, its indexer's heads over tensor, experts) over fsdp, tensor and
+  sequence: the loss (with the indexer's) and gradients equal one
+  device's."""
+
+  def test_sharded_equals_single_device(self):
+    devices.require_devices(8)
+    cfg = tiny_configs.tiny_model_config("deepseek3_2", window=4)
+    state = _state({"data": -1}, jax.devices()[:1], model_config=cfg)
+    want = _loss_grads_and_update(state, _batch(state))
+    state = _state({"data": 1, "fsdp": 2, "tensor": 2, "sequence": 2},
+                   jax.devices(), model_config=cfg)
+    self.assertEqual(
+        state.params["blocks"]["attention"]["index_query"]["kernel"]
+        .sharding.spec[2], "tensor")
+    loss, grads, _ = _loss_grads_and_update(state, _batch(state))
+    np.testing.assert_allclose(float(loss), float(want[0]), rtol=_RTOL)
+    _assert_trees_close(self, grads, want[1], scaled_atol=1e-3)
+
+
 if __name__ == "__main__":
   absltest.main()
