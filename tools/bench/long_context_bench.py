@@ -10,7 +10,10 @@ Variants of one model that differ only in their attention, by `--family`:
             full attention layer (interval 4);
     linear  every layer Gated DeltaNet (interval above the layer count).
 
-  deepseek3_2 (configs/deepseek3_2.py's `small` shape): multi-head latent
+  deepseek3_2 (configs/deepseek3_2.py's `small` shape, with `--mla_heads`
+  heads and an indexer of `--index_heads` x `--index_head_dim`: by default
+  its scores cost about a fifth of dense attention's per key, as
+  DeepSeek-V3.2's 64 x 128 indexer does beside 128 heads): multi-head latent
   attention, dense or DeepSeek Sparse Attention:
     dense   every query attends to every earlier token (no indexer);
     sparse  each query attends to the `--index_topk` tokens its indexer
@@ -77,15 +80,24 @@ _DECODE_TOKENS = flags.DEFINE_integer("decode_tokens", 32,
                                       "Tokens decoded after the prompt.")
 _INDEX_TOPK = flags.DEFINE_integer(
     "index_topk", 64, "deepseek3_2: tokens each query attends to (sparse).")
+_MLA_HEADS = flags.DEFINE_integer("mla_heads", 32,
+                                  "deepseek3_2: attention heads.")
+_INDEX_HEADS = flags.DEFINE_integer("index_heads", 8,
+                                    "deepseek3_2: indexer heads.")
+_INDEX_HEAD_DIM = flags.DEFINE_integer("index_head_dim", 64,
+                                       "deepseek3_2: indexer head width.")
 
 
 def _model_config(variant: str) -> ModelConfig:
   if _FAMILY.value == "deepseek3_2":
     model = deepseek3_2.get_config("small").model
+    model.update(num_heads=_MLA_HEADS.value, num_kv_heads=_MLA_HEADS.value)
     if variant == "dense":
       model.update(index_topk=0, index_num_heads=0, index_head_dim=0)
     else:
-      model.update(index_topk=_INDEX_TOPK.value)
+      model.update(index_topk=_INDEX_TOPK.value,
+                   index_num_heads=_INDEX_HEADS.value,
+                   index_head_dim=_INDEX_HEAD_DIM.value)
   else:
     model = qwen3_5.get_config("small").model
     model.update(full_attention_interval={
@@ -174,7 +186,8 @@ def main(argv):
         f" embed={cfg.embed_dim} heads={cfg.attention.num_heads}/"
         f"{cfg.attention.num_kv_heads}x{cfg.attention.head_dim}"
         f" vocab={cfg.vocab_size} batch={_BATCH.value}"
-        f" linear_chunk={_CHUNK.value} index_topk={cfg.mla.index_topk}")
+        f" linear_chunk={_CHUNK.value} index_topk={cfg.mla.index_topk}"
+        f" indexer={cfg.mla.index_num_heads}x{cfg.mla.index_head_dim}")
   _train_table(models)
   if _CONTEXT.value:
     _decode_table(models)
