@@ -103,6 +103,11 @@ def model_defaults() -> ml_collections.ConfigDict:
       image_token_id=0,
       image_start_id=0,
       image_end_id=0,
+      # "siglip" (Gemma 3) or "llama4" (its tower: a class token, 2-D
+      # rotary; pixel shuffle and an adapter of vision_adapter_dim).
+      vision_arch="siglip",
+      vision_adapter_dim=0,
+      vision_rope_theta=10_000.0,
       # None: queries are scaled by head_dim**-0.5.
       query_pre_attn_scalar=ml_collections.FieldReference(None, float),
       attn_logit_softcap=0.0,

@@ -21,6 +21,12 @@ meta-llama/Llama-4-Scout-17B-16E and meta-llama/Llama-4-Maverick-17B-128E
 q/k norms; Maverick: no scaling, no q/k norms, experts in every second
 layer). mlp_dim is their intermediate_size_mlp (the dense layers' width),
 moe_mlp_dim their intermediate_size (an expert's and the shared expert's).
+
+"scout_vlm" and "maverick_vlm" add the released models' vision tower
+(`maxtext.layers.vision`, vision_arch "llama4": 34 layers of width 1408
+over 336-pixel tiles in 14-pixel patches, pixel-shuffled into 144 soft
+tokens per tile, a 4096-wide adapter) and their image token ids
+(<|patch|>, <|image_start|>, <|image_end|>), as in their `vision_config`.
 """
 
 import ml_collections
@@ -32,6 +38,14 @@ from configs import common
 _SCOUT_ROPE = dict(rope_scaling="llama3", rope_scaling_factor=16.0,
                    rope_low_freq_factor=1.0, rope_high_freq_factor=1.0,
                    rope_original_max_length=8192)
+# The released models' vision tower (both share it).
+_VISION = dict(vision_layers=34, vision_embed_dim=1408, vision_mlp_dim=5632,
+               vision_heads=16, vision_patch_size=14, vision_image_size=336,
+               vision_norm_eps=1e-5, vision_activation="gelu",
+               vision_arch="llama4", vision_adapter_dim=4096,
+               vision_rope_theta=10_000.0, mm_tokens_per_image=144,
+               image_token_id=200_092, image_start_id=200_080,
+               image_end_id=200_081)
 VARIANTS = {
     "small": dict(vocab_size=32_000, num_layers=4, embed_dim=256,
                   mlp_dim=512, moe_mlp_dim=256, num_heads=4, num_kv_heads=2,
@@ -45,6 +59,8 @@ VARIANTS = {
     "maverick": dict(num_experts=128, moe_layer_interval=2,
                      qk_l2_norm=False),
 }
+VARIANTS["scout_vlm"] = dict(VARIANTS["scout"], **_VISION)
+VARIANTS["maverick_vlm"] = dict(VARIANTS["maverick"], **_VISION)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

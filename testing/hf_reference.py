@@ -3,8 +3,10 @@
 Test-only (imports torch); library code never imports this module.
 """
 
+import math
 
 from flax import nnx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -14,6 +16,7 @@ from maxtext.common.model_config import ModelConfig
 from maxtext.kernels import dispatch
 from maxtext.models import execution
 from maxtext.models import hf_weights
+from maxtext.models import registry
 
 
 def random_hf_model(model_class, hf_config, *, norm_mean: float,
@@ -34,6 +37,18 @@ def random_hf_model(model_class, hf_config, *, norm_mean: float,
     for parameter in model.parameters():
       parameter.normal_(norm_mean if parameter.ndim == 1 else 0.0, std)
   return model
+
+
+def parameter_counts(cfg: ModelConfig, hf_class, hf_config) -> tuple[int, int]:
+  """(Our model's parameters, transformers' `hf_class(hf_config)`'s), both
+  built without memory (transformers counts a tied output head once)."""
+  model = nnx.eval_shape(lambda: registry.create_model(cfg,
+                                                       rngs=nnx.Rngs(0)))
+  ours = sum(math.prod(p.shape) for p in
+             jax.tree.leaves(nnx.state(model, nnx.Param)))
+  with torch.device("meta"):
+    hf_model = hf_class(hf_config)
+  return ours, sum(p.numel() for p in hf_model.parameters())
 
 
 def state_dict(hf_model: torch.nn.Module) -> dict[str, np.ndarray]:

@@ -215,3 +215,41 @@ def tiny_gemma3_vlm(seed: int = 0, *, vocab_size: int = 96,
       mean = 1.0 if layer_norm and name.endswith("weight") else 0.0
       parameter.normal_(mean, 0.1)
   return model
+
+
+# A tiny Llama 4 vision-language model: the tiny Llama 4 text model (chunks
+# of 4) with a 2-layer tower over 28 x 28 tiles in 7-pixel patches (4 x 4
+# patches, 8-wide heads for the 2-D rotary), pixel-shuffled 2 x 2 into 4
+# soft tokens per tile; its image ids inside the vocabulary (transformers'
+# Llama 4 embeds them before replacing them).
+LLAMA4_VLM_IDS = dict(image_token_index=120, boi_token_index=121,
+                      eoi_token_index=122)
+# The prompt's other image tokens (ids of this tiny model).
+LLAMA4_VLM_TEXT_IDS = {"<|image_start|>": 121, "<|image_end|>": 122,
+                       "<|patch|>": 120, "<|tile_x_separator|>": 123,
+                       "<|tile_y_separator|>": 124, "<|image|>": 125}
+
+
+def tiny_llama4_vlm(seed: int = 0
+                    ) -> transformers.Llama4ForConditionalGeneration:
+  """The tiny Llama 4 vision-language model with random parameters."""
+  _, _, text, _ = FAMILIES["llama4"]
+  config = transformers.Llama4Config(
+      text_config={**SIZES, **text},
+      vision_config=dict(hidden_size=32, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4,
+                         image_size=28, patch_size=7, pixel_shuffle_ratio=0.5,
+                         projector_input_dim=48, projector_output_dim=48,
+                         vision_output_dim=48, rope_theta=10_000.0),
+      attn_implementation="eager", **LLAMA4_VLM_IDS)
+  torch.manual_seed(seed)
+  model = transformers.Llama4ForConditionalGeneration(config).float().eval()
+  with torch.no_grad():
+    for name, parameter in model.named_parameters():
+      # Every norm (LayerNorm, RMSNorm) multiplies by its weight.
+      norm = parameter.ndim == 1 and name.endswith("norm.weight") or (
+          "layernorm" in name and name.endswith("weight"))
+      parameter.normal_(1.0 if norm else 0.0, 0.1)
+  model.generation_config.eos_token_id = None
+  model.generation_config.pad_token_id = 0
+  return model

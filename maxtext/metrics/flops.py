@@ -45,9 +45,11 @@ training). The absorbed up-projections cost what the expanded ones do
 (`index_stage="warmup"`) only the indexer trains: attention covers every
 causal key and the model's matmuls run forward only (2 FLOPs each).
 
-A vision tower (`vision_flops_per_image`) counts per image: its patch
-projection p*p*3*d and layers 4*d*d + 2*d*F per patch (t patches), its
-bidirectional attention 4*t*d per patch per layer, and the projector u*d*D;
+A vision tower (`vision_flops_per_image`) counts per image (Llama 4: per
+tile): its patch projection p*p*3*d per patch, layers 4*d*d + 2*d*F per
+token (t patches, and Llama 4's class token), its bidirectional attention
+4*t*d per token per layer, and the projector u*d*D (Llama 4: u*A*(F + A +
+D), its adapter of width A on the pixel-shuffled tokens, then projection);
 2 FLOPs per multiply-add, times 3 when it trains, once when frozen (forward
 only).
 
@@ -249,9 +251,16 @@ def vision_flops_per_image(cfg: ModelConfig, *, trained: bool) -> float:
     return 0.0
   patches = vision.patches_per_side**2
   width = vision.embed_dim
-  per_patch = (3 * vision.patch_size**2 * width + vision.layers *
-               (4 * width * width + 2 * width * vision.mlp_dim +
-                2 * patches * width))
-  projector = vision.tokens_per_image * width * cfg.embed_dim
-  forward = 2 * (patches * per_patch + projector)
+  llama4 = vision.arch == "llama4"
+  tokens = patches + int(llama4)  # Llama 4's class token.
+  per_token = vision.layers * (4 * width * width + 2 * width * vision.mlp_dim
+                               + 2 * tokens * width)
+  if llama4:  # Pixel shuffle, the adapter's fc1 and fc2, the projection.
+    adapter = vision.adapter_dim
+    projector = vision.tokens_per_image * adapter * (
+        vision.mlp_dim + adapter + cfg.embed_dim)
+  else:
+    projector = vision.tokens_per_image * width * cfg.embed_dim
+  forward = 2 * (patches * 3 * vision.patch_size**2 * width +
+                 tokens * per_token + projector)
   return forward * (3 if trained else 1)

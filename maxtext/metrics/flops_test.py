@@ -131,6 +131,24 @@ class VisionFlopsTest(absltest.TestCase):
                      3 * want)
     self.assertEqual(flops.vision_flops_per_image(_tiny(), trained=True), 0)
 
+  def test_llama4_tower_equals_xla_count(self):
+    """Llama 4's tower (class token, 2-D rotary) and pixel-shuffle adapter,
+    one tile."""
+    cfg = _tiny(scan_layers=False, embed_dim=64, vision_layers=2,
+                vision_embed_dim=256, vision_mlp_dim=1024, vision_heads=4,
+                vision_patch_size=8, vision_image_size=64,
+                mm_tokens_per_image=16, image_token_id=9,
+                vision_arch="llama4", vision_adapter_dim=192,
+                vision_activation="gelu")
+    model = registry.create_model(cfg, rngs=nnx.Rngs(0))
+    tiles = jax.ShapeDtypeStruct((1, 1, 64, 64, 3), np.float32)
+    cost = nnx.jit(lambda m, i: m.image_embeddings(i)).lower(
+        model, tiles).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    self.assertAlmostEqual(
+        cost["flops"] / flops.vision_flops_per_image(cfg, trained=False),
+        1.0, delta=0.06)
+
 
 if __name__ == "__main__":
   absltest.main()

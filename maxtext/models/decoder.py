@@ -32,12 +32,13 @@ layer kind without key and value projections) attend over those of the last
 earlier layer of their span, which `stores_kv` (`layer_stack.run_layers`);
 with a KV cache they read that layer's cache and have none of their own.
 
-Vision-language models (`cfg.vision.layers` > 0, Gemma 3 4b/12b/27b): a
-vision tower and a projector (`maxtext.layers.vision`: `vision` and
-`projector`) turn each row's images into soft tokens that replace the
-row's `image_token_id` placeholders, in order, after the token embedding;
-the tokens of one image attend to each other bidirectionally (an explicit
-mask for the kernel), the rest causally. `image_embeddings` is the tower
+Vision-language models (`cfg.vision.layers` > 0, Gemma 3 4b/12b/27b,
+Llama 4): a vision tower and a projector (`maxtext.layers.vision`: `vision`
+and `projector`) turn each row's images (Llama 4: image tiles) into soft
+tokens that replace the row's `image_token_id` placeholders, in order,
+after the token embedding; with Gemma 3's tower the tokens of one image
+attend to each other bidirectionally (an explicit mask for the kernel), the
+rest causally. `image_embeddings` is the tower
 and projector alone.
 
 How the model runs, apart from what it is (`maxtext.models.execution`:
@@ -180,7 +181,9 @@ class Decoder(nnx.Module):
     towers = cfg.vision.layers > 0
     self.vision = vision.VisionEncoder(
         cfg.vision, scan_layers=cfg.scan_layers, **dtypes) if towers else None
-    self.projector = vision.PoolingProjector(
+    projector = (vision.PixelShuffleProjector if cfg.vision.arch == "llama4"
+                 else vision.PoolingProjector)
+    self.projector = projector(
         cfg.vision, embed_dim=cfg.embed_dim, **dtypes) if towers else None
     self.final_norm = block_lib.embed_norm(cfg)
     if cfg.tie_embeddings:
@@ -327,6 +330,8 @@ class Decoder(nnx.Module):
     x_BLD = self.embedder(jnp.where(is_image_BL, 0, tokens_BL))
     x_BLD = vision.place_soft_tokens(x_BLD, is_image_BL,
                                      self.image_embeddings(images_Bvhwe))
+    if not self.cfg.vision.bidirectional_images:
+      return x_BLD, None
     return x_BLD, vision.image_blocks(is_image_BL)
 
   def image_embeddings(self, images_Bvhwe: jax.Array) -> jax.Array:

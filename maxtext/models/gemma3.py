@@ -218,19 +218,13 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   values = cfg.to_dict()
   activation = {"gelu_tanh": "gelu_pytorch_tanh"}.get(
       cfg.vision.activation, cfg.vision.activation)
-  return {
-      "model_type": HF_MULTIMODAL_MODEL_TYPE,
-      "architectures": [HF_MULTIMODAL_ARCHITECTURE],
-      "text_config": {key: value for key, value in text.items()
-                      if key != "architectures"},
-      "vision_config": {
+  return hf_params.multimodal_hf_config(
+      cfg, text, model_type=HF_MULTIMODAL_MODEL_TYPE,
+      architecture=HF_MULTIMODAL_ARCHITECTURE, vision_config={
           "model_type": "siglip_vision_model", "num_channels": 3,
           "hidden_act": activation, "vision_use_head": False,
           **{key: values[ours] for ours, key in _VISION_KEYS.items()}},
-      **{key: values[ours] for ours, key in _MULTIMODAL_KEYS.items()},
-      "tie_word_embeddings": cfg.tie_embeddings,
-      "dtype": text.get("dtype"),
-  }
+      token_keys=_MULTIMODAL_KEYS)
 
 
 def _hf_text_config(cfg: ModelConfig) -> dict[str, Any]:

@@ -3,14 +3,12 @@
 photo), greedy decode, weights and config both ways, conversion."""
 
 import json
-import math
 import os
 import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
 from flax import nnx
-import jax
 import jax.numpy as jnp
 import matplotlib
 import numpy as np
@@ -197,16 +195,10 @@ class Gemma3VisionSizesTest(parameterized.TestCase):
     `Gemma3ForConditionalGeneration` of the same config (built without
     memory), the published 4.3B, 12.2B and 27.4B."""
     cfg = ModelConfig.from_dict(gemma3_config.get_config(variant).model)
-    model = nnx.eval_shape(lambda: registry.create_model(cfg,
-                                                         rngs=nnx.Rngs(0)))
-    count = sum(math.prod(p.shape) for p in
-                jax.tree.leaves(nnx.state(model, nnx.Param)))
-    config = transformers.Gemma3Config(
-        **gemma3.hf_config_from_model_config(cfg))
-    with torch.device("meta"):
-      hf_model = transformers.Gemma3ForConditionalGeneration(config)
-    # transformers counts the tied output head once.
-    self.assertEqual(count, sum(p.numel() for p in hf_model.parameters()))
+    count, hf_count = hf_reference.parameter_counts(
+        cfg, transformers.Gemma3ForConditionalGeneration,
+        transformers.Gemma3Config(**gemma3.hf_config_from_model_config(cfg)))
+    self.assertEqual(count, hf_count)
     self.assertEqual(round(count / 1e9, 2), billions)
 
 

@@ -149,6 +149,7 @@ _VISION_PREFIXES = (
     (_PROJECTOR, _PROJECTOR),
     ("vision_tower.vision_model.", _TOWER),
     ("vision_tower.", _TOWER),
+    ("vision_model.", _TOWER),  # Llama 4.
     ("multi_modal_projector.", _PROJECTOR),
 )
 
@@ -197,10 +198,15 @@ def hf_name(model: nnx.Module, name: str) -> str:
   """The name of our mapping's `name` in the Hugging Face checkpoint of
   `model`: a model with a vision tower is the multimodal one, stored as
   transformers 5 saves it (`language_model.model.*`,
-  `language_model.lm_head.*`, `vision_tower.*`, `multi_modal_projector.*`)."""
+  `language_model.lm_head.*`, the tower under the family's `HF_VISION_TOWER`
+  (default `vision_tower.`), `multi_modal_projector.*`)."""
   if getattr(model, "vision", None) is None:
     return name
-  if name.startswith((_TOWER, _PROJECTOR)):
+  if name.startswith(_TOWER):
+    tower = getattr(registry.family_module(model.cfg.family),
+                    "HF_VISION_TOWER", "vision_tower.")
+    return tower + name[len(_TOWER):]
+  if name.startswith(_PROJECTOR):
     return name[len("model."):]
   return "language_model." + name
 

@@ -22,6 +22,12 @@ checkpoints onto that model: experts as fused tensors
 `feed_forward.experts.down_proj` [E, F, D], the router
 `feed_forward.router`, the shared expert `feed_forward.shared_expert` and a
 dense layer's MLP `feed_forward.{gate,up,down}_proj`.
+
+The vision-language model (`Llama4ForConditionalGeneration`: a `text_config`
+and a `vision_config`) adds Llama 4's vision tower and pixel-shuffle
+projector (`maxtext.layers.vision`, `vision_arch="llama4"`), stored under
+`vision_model.` and `multi_modal_projector.` (`HF_VISION_TOWER`); its text
+decoder is this model under `language_model.`.
 """
 
 from collections.abc import Mapping, Sequence
@@ -57,8 +63,49 @@ HF_BLOCK_PARAMS = tuple(
                     f"feed_forward.{name}_proj.weight")
             for name in ("gate", "up", "down"))
 
+_TOWER = hf_params.SIGLIP_PREFIX
+# The vision tower and projector of the vision-language model (our names
+# under "model.vision_tower."; the checkpoint's under `HF_VISION_TOWER`).
+HF_VISION_PARAMS = (
+    hf_params.ParamMap(("vision", "patch_embedding", "kernel"),
+                       _TOWER + "patch_embedding.linear.weight", in_ndim=3),
+    hf_params.ParamMap(("vision", "class_embedding"),
+                       _TOWER + "class_embedding"),
+    hf_params.ParamMap(("vision", "position_embedding"),
+                       _TOWER + "positional_embedding_vlm"),
+) + tuple(
+    hf_params.ParamMap(("vision", ours, field), f"{_TOWER}{hf}.{hf_field}")
+    for ours, hf in (("pre_norm", "layernorm_pre"),
+                     ("post_norm", "layernorm_post"))
+    for field, hf_field in (("scale", "weight"), ("bias", "bias"))) + tuple(
+        hf_params.ParamMap(("projector", ours, "kernel"), hf, in_ndim=1)
+        for ours, hf in (
+            ("fc1", _TOWER + "vision_adapter.mlp.fc1.weight"),
+            ("fc2", _TOWER + "vision_adapter.mlp.fc2.weight"),
+            ("projection", "model.multi_modal_projector.linear_1.weight")))
+HF_VISION_LAYER_PARAMS = hf_params.vision_layer_params(
+    _TOWER + "model.layers.", ("input_layernorm", "post_attention_layernorm"),
+    "o_proj")
+HF_VISION_TOWER = "vision_model."
+
 HF_MODEL_TYPE = "llama4_text"
 HF_ARCHITECTURE = "Llama4ForCausalLM"
+HF_MULTIMODAL_MODEL_TYPE = "llama4"
+HF_MULTIMODAL_ARCHITECTURE = "Llama4ForConditionalGeneration"
+# transformers' Llama 4 tower: LayerNorms of torch's default epsilon (its
+# norm_eps is not read), exact GELU (its hidden_act is not read).
+_VISION_FIXED = {"vision_arch": "llama4", "vision_norm_eps": 1e-5,
+                 "vision_activation": "gelu"}
+# Our `model` key -> its `vision_config` key, and -> its `Llama4Config` key.
+_VISION_KEYS = {
+    "vision_layers": "num_hidden_layers", "vision_embed_dim": "hidden_size",
+    "vision_mlp_dim": "intermediate_size",
+    "vision_heads": "num_attention_heads", "vision_patch_size": "patch_size",
+    "vision_image_size": "image_size",
+    "vision_adapter_dim": "projector_output_dim"}
+_MULTIMODAL_KEYS = {"image_token_id": "image_token_index",
+                    "image_start_id": "boi_token_index",
+                    "image_end_id": "eoi_token_index"}
 
 # The model fields this family fixes, whatever a checkpoint's config says:
 # the one statement of its architecture (configs/llama4.py holds sizes).
@@ -85,6 +132,44 @@ def _interval(flags: Sequence[bool], what: str, key: str) -> int:
 
 
 def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
+  """`ModelConfig` of a Hugging Face Llama 4 config: with `text_config` and
+  `vision_config` (`Llama4Config`) the vision-language model, else the text
+  decoder (`_text_model_config`).
+
+  Raises:
+    ValueError: (besides the text decoder's) a vision config whose
+      projector widths differ or whose pixel shuffle does not make whole
+      windows of patches.
+  """
+  if hf_config.get("text_config") is None:
+    return _text_model_config(hf_config)
+  text = _text_model_config(hf_config["text_config"])
+  if hf_config.get("vision_config") is None:
+    return text
+  vision = dict(hf_config["vision_config"])
+  widths = {key: vision.get(key) for key in (
+      "projector_input_dim", "projector_output_dim", "vision_output_dim")}
+  if len(set(widths.values())) != 1:
+    raise ValueError(f"Llama 4 vision_config {widths}: these widths must be"
+                     " equal.")
+  window = 1 / float(vision.get("pixel_shuffle_ratio", 0.5))
+  side = vision["image_size"] // vision["patch_size"]
+  if not window.is_integer() or side % int(window):
+    raise ValueError(f"Llama 4 vision_config pixel_shuffle_ratio="
+                     f"{vision.get('pixel_shuffle_ratio')}: 1 / ratio must be"
+                     f" a whole number that divides the {side} patches per "
+                     "side.")
+  rope_parameters = vision.get("rope_parameters") or {}
+  return text.replace(**{
+      **{ours: vision[key] for ours, key in _VISION_KEYS.items()},
+      **{ours: hf_config[key] for ours, key in _MULTIMODAL_KEYS.items()},
+      **_VISION_FIXED,
+      "mm_tokens_per_image": (side // int(window))**2,
+      "vision_rope_theta": float(rope_parameters.get(
+          "rope_theta", vision.get("rope_theta", 10_000.0)))})
+
+
+def _text_model_config(hf_config: Mapping[str, Any]) -> ModelConfig:
   """`ModelConfig` of a Hugging Face Llama 4 text config.
 
   Args:
@@ -154,11 +239,32 @@ def model_config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
-  """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`).
+  """Hugging Face `config.json` of `cfg` (inverse of `model_config_from_hf`):
+  a `Llama4Config` when `cfg` has a vision tower.
 
   Raises:
     ValueError: `cfg` has sliding windows (Llama 4 has chunks).
   """
+  text = _hf_text_config(cfg)
+  if not cfg.vision.layers:
+    return text
+  values = cfg.to_dict()
+  return hf_params.multimodal_hf_config(
+      cfg, text, model_type=HF_MULTIMODAL_MODEL_TYPE,
+      architecture=HF_MULTIMODAL_ARCHITECTURE, vision_config={
+          "model_type": "llama4_vision_model", "num_channels": 3,
+          "hidden_act": "gelu", "norm_eps": cfg.vision.norm_eps,
+          **{key: values[ours] for ours, key in _VISION_KEYS.items()},
+          "projector_input_dim": cfg.vision.adapter_dim,
+          "vision_output_dim": cfg.vision.adapter_dim,
+          "pixel_shuffle_ratio": 1 / cfg.vision.window,
+          "rope_parameters": {"rope_type": "default",
+                              "rope_theta": cfg.vision.rope_theta}},
+      token_keys=_MULTIMODAL_KEYS)
+
+
+def _hf_text_config(cfg: ModelConfig) -> dict[str, Any]:
+  """The text decoder's `Llama4TextConfig` dict."""
   if cfg.pattern.sliding_window:
     raise ValueError(f"Llama 4 has no sliding windows (sliding_window="
                      f"{cfg.pattern.sliding_window}); use "

@@ -81,6 +81,7 @@ HF_MODEL_TYPES: dict[str, str] = {
     "gemma4_text": "gemma4",
     "gpt_oss": "gpt_oss",
     "llama": "llama3",
+    "llama4": "llama4",  # Multimodal (with its vision tower).
     "llama4_text": "llama4",
     "mistral": "mistral",
     "mixtral": "mixtral",
@@ -98,6 +99,7 @@ HF_MODEL_TYPES: dict[str, str] = {
 HF_MULTIMODAL_ARCHITECTURES: dict[str, str] = {
     "Gemma3ForConditionalGeneration": "gemma3",
     "Gemma4ForConditionalGeneration": "gemma4",
+    "Llama4ForConditionalGeneration": "llama4",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
 }
