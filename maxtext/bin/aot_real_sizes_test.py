@@ -42,6 +42,13 @@ CASES = (
     # Gated DeltaNet and gated full attention, 256 experts (34.66B).
     ("qwen3_5_moe.py:35b-a3b", "v5p-32", (_FULL, "--config.train.batch_size=16",
                                           "--config.data.seq_len=4096")),
+    # DeepSeek-V3.2-Exp's sizes (each query attends to its indexer's top
+    # 2048 of 4096 tokens) at 4 of its 61 layers (3 dense, 1 with 256
+    # experts) and its prediction depth, the indexer's loss trained; one row
+    # per chip (v5p-32 needs 106.9% of HBM, docs/aot_compile.md).
+    ("deepseek3_2.py:671b", "v5p-64", (_FULL, "--config.train.batch_size=32",
+                                       "--config.data.seq_len=4096",
+                                       "--config.model.num_layers=4")),
     ("gemma4.py:31b", "v5p-32", (_FULL, "--config.train.batch_size=16",
                                  "--config.data.seq_len=4096")),
     # As measured in docs/aot_compile.md (keeping the q/k/v projections).
