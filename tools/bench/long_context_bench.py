@@ -78,6 +78,8 @@ _CONTEXT = flags.DEFINE_integer("context", 8192,
                                 "Prompt length before decoding (0: skip).")
 _DECODE_TOKENS = flags.DEFINE_integer("decode_tokens", 32,
                                       "Tokens decoded after the prompt.")
+_ONLY = flags.DEFINE_list("variants", [],
+                          "Run only these variants (default: all).")
 _INDEX_TOPK = flags.DEFINE_integer(
     "index_topk", 64, "deepseek3_2: tokens each query attends to (sparse).")
 _MLA_HEADS = flags.DEFINE_integer("mla_heads", 32,
@@ -180,7 +182,8 @@ def _decode_table(models: dict[str, nnx.Module]) -> None:
 
 def main(argv):
   del argv
-  models = {name: _model(name) for name in _VARIANTS[_FAMILY.value]}
+  models = {name: _model(name) for name in _VARIANTS[_FAMILY.value]
+            if not _ONLY.value or name in _ONLY.value}
   cfg = _model_config(_VARIANTS[_FAMILY.value][-1])
   print(f"backend={jax.default_backend()} layers={cfg.num_layers}"
         f" embed={cfg.embed_dim} heads={cfg.attention.num_heads}/"
