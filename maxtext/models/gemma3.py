@@ -25,6 +25,7 @@ from maxtext.common.model_config import ModelConfig
 from maxtext.layers import vision as vision_lib
 from maxtext.models import decoder
 from maxtext.models import hf_params
+from maxtext.models import hf_vision_params
 
 MODEL_CLASS = decoder.Decoder
 
@@ -33,14 +34,14 @@ HF_BLOCK_PARAMS = (hf_params.COMMON_BLOCK_PARAMS + hf_params.QK_NORMS +
                    hf_params.SANDWICH_NORMS)
 
 # The tower and the projector of the vision-language model.
-HF_VISION_PARAMS = hf_params.SIGLIP_PARAMS + (
+HF_VISION_PARAMS = hf_vision_params.SIGLIP_PARAMS + (
     hf_params.ParamMap(("projector", "projection", "kernel"),
                        "model.multi_modal_projector."
                        "mm_input_projection_weight"),
     hf_params.ParamMap(("projector", "norm", "scale"),
                        "model.multi_modal_projector.mm_soft_emb_norm.weight"),
 )
-HF_VISION_LAYER_PARAMS = hf_params.SIGLIP_LAYER_PARAMS
+HF_VISION_LAYER_PARAMS = hf_vision_params.SIGLIP_LAYER_PARAMS
 
 HF_MODEL_TYPE = "gemma3_text"
 HF_ARCHITECTURE = "Gemma3ForCausalLM"
@@ -142,7 +143,7 @@ def _vision_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
 # SigLIP's attention-pooling head, which a tower without
 # `vision_use_head=False` holds and Gemma 3 never runs.
 _POOLING_HEAD = tuple(
-    hf_params.SIGLIP_PREFIX + "head." + name for name in (
+    hf_vision_params.SIGLIP_PREFIX + "head." + name for name in (
         "probe", "attention.in_proj_weight", "attention.in_proj_bias",
         "attention.out_proj.weight", "attention.out_proj.bias",
         "layernorm.weight", "layernorm.bias", "mlp.fc1.weight",
@@ -218,7 +219,7 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   values = cfg.to_dict()
   activation = {"gelu_tanh": "gelu_pytorch_tanh"}.get(
       cfg.vision.activation, cfg.vision.activation)
-  return hf_params.multimodal_hf_config(
+  return hf_vision_params.multimodal_hf_config(
       cfg, text, model_type=HF_MULTIMODAL_MODEL_TYPE,
       architecture=HF_MULTIMODAL_ARCHITECTURE, vision_config={
           "model_type": "siglip_vision_model", "num_channels": 3,

@@ -36,6 +36,7 @@ from typing import Any
 from maxtext.common.model_config import ModelConfig
 from maxtext.models import decoder
 from maxtext.models import hf_params
+from maxtext.models import hf_vision_params
 
 MODEL_CLASS = decoder.Decoder
 
@@ -63,7 +64,7 @@ HF_BLOCK_PARAMS = tuple(
                     f"feed_forward.{name}_proj.weight")
             for name in ("gate", "up", "down"))
 
-_TOWER = hf_params.SIGLIP_PREFIX
+_TOWER = hf_vision_params.SIGLIP_PREFIX
 # The vision tower and projector of the vision-language model (our names
 # under "model.vision_tower."; the checkpoint's under `HF_VISION_TOWER`).
 HF_VISION_PARAMS = (
@@ -83,7 +84,7 @@ HF_VISION_PARAMS = (
             ("fc1", _TOWER + "vision_adapter.mlp.fc1.weight"),
             ("fc2", _TOWER + "vision_adapter.mlp.fc2.weight"),
             ("projection", "model.multi_modal_projector.linear_1.weight")))
-HF_VISION_LAYER_PARAMS = hf_params.vision_layer_params(
+HF_VISION_LAYER_PARAMS = hf_vision_params.vision_layer_params(
     _TOWER + "model.layers.", ("input_layernorm", "post_attention_layernorm"),
     "o_proj")
 HF_VISION_TOWER = "vision_model."
@@ -249,7 +250,7 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   if not cfg.vision.layers:
     return text
   values = cfg.to_dict()
-  return hf_params.multimodal_hf_config(
+  return hf_vision_params.multimodal_hf_config(
       cfg, text, model_type=HF_MULTIMODAL_MODEL_TYPE,
       architecture=HF_MULTIMODAL_ARCHITECTURE, vision_config={
           "model_type": "llama4_vision_model", "num_channels": 3,
