@@ -48,6 +48,7 @@ from maxtext.checkpoint import params_checkpoint
 from maxtext.common import cli
 from maxtext.data import assets
 from maxtext.data import chat_template
+from maxtext.data import image_tiles
 from maxtext.data import images as images_lib
 from maxtext.data import tokenizer as tokenizer_lib
 from maxtext.inference import generate
@@ -152,58 +153,71 @@ def main(argv: list[str]) -> None:
     _decode()
 
 
-def _images(cfg, checkpoint: str, count: int) -> np.ndarray | None:
-  """--image for `count` prompts [count, v, h, w, e], or None without."""
+def _images(cfg, checkpoint: str):
+  """--image as what the tower takes: (pixels [v, h, w, e] of all of them,
+  in order (Llama 4: each image's tiles), each image's grid of tiles or
+  None), or (None, []) without."""
   if not _IMAGE.value:
-    return None
+    return None, []
   if not cfg.vision.layers:
     raise ValueError(f"--image given, and the {cfg.family} model of "
                      f"{checkpoint} has no vision tower (vision_layers=0).")
   settings = images_lib.model_settings(cfg.vision, checkpoint)
-  pixels = np.stack([
-      images_lib.preprocess(images_lib.load(paths.user_path(image)),
-                            settings) for image in _IMAGE.value])
-  return np.broadcast_to(pixels, (count, *pixels.shape))
+  read = [image_tiles.model_pixels(cfg.vision, settings, images_lib.load(
+      paths.user_path(image))) for image in _IMAGE.value]
+  return (np.concatenate([pixels for pixels, _ in read]),
+          [grid for _, grid in read])
 
 
-def _text_prompts(cfg, tokenizer) -> list[list[int]]:
+def _text_prompts(cfg, tokenizer, grids) -> list[list[int]]:
   """--prompt as ids: plain text, or with --image a chat turn holding the
-  images."""
+  images (each image's ids from its `grids` entry)."""
   if not _IMAGE.value:
     return [tokenizer.encode(text) for text in _PROMPT.value]
   family = registry.family_module(cfg.family)
+  if not (_CHAT_TEMPLATE.value or hasattr(family, "CHAT_TEMPLATE")):
+    raise ValueError(f"--image with --prompt renders a chat turn, and the "
+                     f"{cfg.family} family has no built-in chat template; "
+                     "give the model's with --chat_template.")
   template = chat_template.load_template(
       chat_template.user_template(_CHAT_TEMPLATE.value)
       if _CHAT_TEMPLATE.value else family.CHAT_TEMPLATE)
-  encoder = chat_template.ChatEncoder(
-      template, tokenizer,
-      image_ids=family.image_prompt_ids(cfg.vision, tokenizer.encode))
+  encoder = chat_template.ChatEncoder(template, tokenizer)
+
+  def encode(text):
+    return tokenizer.encode(text, allow_special=True)
+
+  image_ids = [family.image_prompt_ids(cfg.vision, encode, grid)
+               for grid in grids]
   images = [{"type": "image", "path": path} for path in _IMAGE.value]
   return [encoder.prompt([{"role": "user", "content": images + [
-      {"type": "text", "text": text}]}]) for text in _PROMPT.value]
+      {"type": "text", "text": text}]}], image_ids) for text in _PROMPT.value]
 
 
-def _check_placeholders(cfg, prompt: list[int]) -> None:
-  """With --image, the prompt holds one placeholder per soft token."""
+def _check_placeholders(cfg, prompt: list[int], tiles: int) -> None:
+  """With --image (`tiles` images or tiles for the tower), the prompt holds
+  one placeholder per soft token."""
   if not _IMAGE.value:
     return
-  want = len(_IMAGE.value) * cfg.vision.tokens_per_image
+  want = tiles * cfg.vision.tokens_per_image
   got = prompt.count(cfg.vision.image_token_id)
   if got != want:
     raise ValueError(
         f"The prompt holds {got} image placeholders (id "
         f"{cfg.vision.image_token_id}); {len(_IMAGE.value)} --image need "
-        f"{want} ({cfg.vision.tokens_per_image} each).")
+        f"{want} ({cfg.vision.tokens_per_image} for each of their {tiles} "
+        "images or tiles).")
 
 
 def _decode() -> None:
   checkpoint = paths.user_path(_CHECKPOINT.value)
   cfg, params = params_checkpoint.load_params(checkpoint)
   tokenizer = None
+  pixels, grids = _images(cfg, checkpoint)
   if _PROMPT.value:
     tokenizer_path = _tokenizer_path(checkpoint)
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
-    prompts = _text_prompts(cfg, tokenizer)
+    prompts = _text_prompts(cfg, tokenizer, grids)
     largest = max(max(prompt, default=0) for prompt in prompts)
     if largest >= cfg.vocab_size:
       raise ValueError(
@@ -213,8 +227,9 @@ def _decode() -> None:
   else:
     prompts = [_prompt_ids(cfg)]
   for prompt in prompts:
-    _check_placeholders(cfg, prompt)
-  pixels = _images(cfg, checkpoint, len(prompts))
+    _check_placeholders(cfg, prompt, 0 if pixels is None else len(pixels))
+  if pixels is not None:  # Every prompt holds the images.
+    pixels = np.broadcast_to(pixels, (len(prompts), *pixels.shape))
   model = _model(cfg, params)
   logging.info("Loaded a %s model from %s.", cfg.family, checkpoint)
   if not _PROMPT.value:

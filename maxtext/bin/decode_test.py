@@ -20,6 +20,8 @@ from transformers.models.gemma3 import image_processing_pil_gemma3
 
 from maxtext.bin import decode
 from maxtext.checkpoint import hf_convert
+from maxtext.data import image_tiles
+from maxtext.data import images as images_lib
 from maxtext.posttrain import posttrain_testing as pt
 from testing import hf_tiny_models
 
@@ -236,6 +238,62 @@ class DecodeImagesTest(_DecodeTestCase):
     ):
       with self.assertRaisesRegex(SystemExit, f"decode: error: .*{message}"):
         self._run(**flag_values)
+
+
+class DecodeLlama4ImagesTest(_DecodeTestCase):
+  """--image on a converted tiny Llama 4 vision-language model: each image
+  becomes its tiles (`maxtext.data.image_tiles`; a 2 x 3 grid and the
+  global view, and one tile); with --prompt_ids the logits and greedy
+  tokens equal transformers' on the same tiles."""
+
+  max_new_tokens = 6
+
+  def setUp(self):
+    super().setUp()
+    self._convert(hf_tiny_models.tiny_llama4_vlm(), word_tokenizer=True)
+    rng = np.random.default_rng(0)
+    settings = images_lib.ImageSettings(height=28, width=28)
+    names = {"start": "<|image_start|>", "patch": "<|patch|>",
+             "x_separator": "<|tile_x_separator|>",
+             "y_separator": "<|tile_y_separator|>", "image": "<|image|>",
+             "end": "<|image_end|>"}
+    ids = {key: hf_tiny_models.LLAMA4_VLM_TEXT_IDS[name]
+           for key, name in names.items()}
+    self.images, tiles, self.ids = [], [], [5, 17]
+    for i, size in enumerate(((50, 80), (20, 25))):
+      path = os.path.join(self.user_dir, f"image{i}.png")
+      Image.fromarray(rng.integers(0, 256, (*size, 3),
+                                   dtype=np.uint8)).save(path)
+      self.images.append(f"image{i}.png")
+      pixels, grid = image_tiles.tiles(images_lib.load(path), settings,
+                                       max_tiles=16)
+      tiles.append(pixels)
+      self.ids += image_tiles.prompt_ids(*grid, 4, ids) + [3, 42]
+    self.pixels = np.concatenate(tiles)
+    self.assertLen(self.pixels, 2 * 3 + 1 + 1)
+
+  def test_prompt_ids_with_images(self):
+    printed = self._run(prompt_ids=[str(i) for i in self.ids],
+                        image=self.images, dump_logits="logits.npy")
+    inputs = dict(input_ids=torch.tensor([self.ids]),
+                  pixel_values=torch.tensor(self.pixels.transpose(0, 3, 1, 2)))
+    with torch.no_grad():
+      want = self.hf_model(**inputs).logits[0].numpy()
+      greedy = self.hf_model.generate(
+          **inputs, attention_mask=torch.ones_like(inputs["input_ids"]),
+          max_new_tokens=6, do_sample=False)[0, len(self.ids):]
+    got = np.load(os.path.join(self.user_dir, "logits.npy"))
+    self.assertLessEqual(float(np.abs(got - want).max()), 1e-4)
+    self.assertEqual(printed.strip(), ",".join(map(str, self.ids)) + " -> " +
+                     ",".join(map(str, greedy.tolist())))
+
+  def test_mistakes(self):
+    with self.assertRaisesRegex(
+        SystemExit, "decode: error: .*holds 32 image placeholders.*need 28"):
+      self._run(prompt_ids=[str(i) for i in self.ids], image=self.images[:1])
+    with self.assertRaisesRegex(
+        SystemExit, "decode: error: .*no built-in chat template"):
+      self._run(prompt=["w1 w2"], image=self.images[:1])
 
 
 if __name__ == "__main__":

@@ -304,12 +304,14 @@ class ChatEncoder:
     return [(_CONTENT_MARKS.sub("", text), is_assistant)
             for text, is_assistant in self._marked_pieces(messages)]
 
-  def prompt(self, messages: Any) -> list[int]:
+  def prompt(self, messages: Any,
+             image_ids: Sequence[Sequence[int]] | None = None) -> list[int]:
     """Token ids of `messages` (no assistant turn needed) followed by the
-    generation prompt: what a model answers."""
+    generation prompt: what a model answers. `image_ids`: what each image
+    part becomes, in order (`_ids`)."""
     flat = [_marked(m) for m in _check_messages(messages, assistant=False)]
     ids, _ = self._ids([(self.render(flat, add_generation_prompt=True),
-                         False)])
+                         False)], image_ids)
     return ids
 
   def _marked_pieces(self, messages: Any) -> list[tuple[str, bool]]:
@@ -335,9 +337,11 @@ class ChatEncoder:
     pieces.append((full[len(done):], False))
     return [(text, is_assistant) for text, is_assistant in pieces if text]
 
-  def encode(self, messages: Any) -> tuple[list[int], list[int]]:
+  def encode(self, messages: Any,
+             image_ids: Sequence[Sequence[int]] | None = None
+             ) -> tuple[list[int], list[int]]:
     """Token ids of the conversation and their loss weights (1 on assistant
-    turns, 0 elsewhere).
+    turns, 0 elsewhere); `image_ids` as in `_ids`.
 
     Each piece is tokenized whole, as the template renders it, except that
     the text of a special token inside a message's content is tokenized as
@@ -345,16 +349,30 @@ class ChatEncoder:
     reasoning part) leaves no whole contents to tell apart: its rendering is
     then tokenized as before, markup and contents alike.
     """
-    return self._ids(self._marked_pieces(messages))
+    return self._ids(self._marked_pieces(messages), image_ids)
 
-  def _ids(self, marked: list[tuple[str, bool]]
+  def _ids(self, marked: list[tuple[str, bool]],
+           image_ids: Sequence[Sequence[int]] | None = None
            ) -> tuple[list[int], list[int]]:
-    """`encode` of rendered (text, is_assistant_turn) pieces."""
+    """`encode` of rendered (text, is_assistant_turn) pieces: each image
+    part becomes the next of `image_ids` (one per image part, in order:
+    ids that depend on the image, Llama 4's tiles), or without them
+    `self.image_ids`.
+
+    Raises:
+      ChatTemplateError: an image part where images are off, or `image_ids`
+        for another number of image parts.
+    """
+    parts = sum(text.count(_IMAGE) for text, _ in marked)
+    if image_ids is not None and len(image_ids) != parts:
+      raise ChatTemplateError(
+          f"{len(image_ids)} images' ids given for {parts} image parts")
+    next_image = iter(image_ids or ())
     marks = "".join(_CONTENT_MARKS.findall("".join(t for t, _ in marked)))
     if marks != (_CONTENT_START + _CONTENT_END) * (len(marks) // 2):
       marked = [(_CONTENT_MARKS.sub("", text), is_assistant)
                 for text, is_assistant in marked]
-    if not self.image_ids and any(_IMAGE in text for text, _ in marked):
+    if image_ids is None and not self.image_ids and parts:
       raise ChatTemplateError(
           "the conversation has an image part, and images are off "
           "(data.images_per_row=0, or a model without a vision tower)")
@@ -373,7 +391,8 @@ class ChatEncoder:
           continue
         if part == _IMAGE:
           add(self._encode(markup), int(is_assistant))
-          add(self.image_ids, 0)  # Never trained on.
+          # Never trained on.
+          add(self.image_ids if image_ids is None else next(next_image), 0)
           markup = ""
           continue
         if not in_content or self._literal_re is None:

@@ -198,6 +198,24 @@ class ImagePartsTest(absltest.TestCase):
     self.assertEqual(sum(weights), sum(text_weights))
     self.assertEqual(chat_template.image_parts(self.messages), self.parts)
 
+  def test_each_image_its_own_ids(self):
+    """Ids that depend on the image (Llama 4's tiles) take each image part's
+    place in order, also without the encoder's own; a count that differs
+    from the parts' is refused."""
+    text_only = chat_template.ChatEncoder(chat_template.TEMPLATES["gemma"],
+                                          self.tok)
+    per_image = [[7, 8, 9], [7, 8, 8, 8, 8, 9]]
+    for encoder in (self.encoder, text_only):
+      ids, weights = encoder.encode(self.messages, per_image)
+      self.assertEqual(ids.count(8), 5)
+      self.assertEqual([weights[i] for i, t in enumerate(ids) if t == 8],
+                       [0] * 5)
+      prompt = encoder.prompt(self.messages[:1], per_image)
+      self.assertEqual(prompt.count(8), 5)
+    with self.assertRaisesRegex(chat_template.ChatTemplateError,
+                                "1 images' ids given for 2 image parts"):
+      self.encoder.encode(self.messages, per_image[:1])
+
   def test_prompt(self):
     ids = self.encoder.prompt(self.messages[:1])
     self.assertEqual(ids.count(7), 2)

@@ -34,6 +34,7 @@ import numpy as np
 from PIL import Image
 
 from maxtext.data import images
+from maxtext.layers import vision as vision_lib
 
 
 def canvases(max_tiles: int, tile: int) -> list[tuple[int, int]]:
@@ -128,6 +129,18 @@ def _normalized(pixels: np.ndarray,
             settings.rescale_factor).astype(np.float32)
   return ((scaled - np.asarray(settings.mean, np.float32)) /
           np.asarray(settings.std, np.float32))
+
+
+def model_pixels(vision: vision_lib.VisionConfig,
+                 settings: images.ImageSettings, image: Image.Image
+                 ) -> tuple[np.ndarray, tuple[int, int] | None]:
+  """What a tower takes of one image: with Llama 4's tower its tiles and
+  grid (`tiles`, `settings.max_tiles`), else the one preprocessed image
+  [1, h, w, 3] and None."""
+  if vision.arch == "llama4":
+    return tiles(image, settings, max_tiles=settings.max_tiles,
+                 resize_to_max_canvas=settings.resize_to_max_canvas)
+  return images.preprocess(image, settings)[None], None
 
 
 def prompt_ids(rows: int, cols: int, tokens_per_tile: int,

@@ -66,6 +66,10 @@ class ImageSettings:
     rescale_factor: Multiplies the 0..255 pixel values (rescale_factor).
     mean: Per-channel mean subtracted after rescaling (image_mean).
     std: Per-channel divisor after that (image_std).
+    max_tiles: Llama 4: most tiles of one image (max_patches;
+      `maxtext.data.image_tiles`).
+    resize_to_max_canvas: Llama 4: resize to the largest canvas that fits
+      (resize_to_max_canvas).
   """
 
   height: int = 896
@@ -74,9 +78,11 @@ class ImageSettings:
   rescale_factor: float = 1 / 255
   mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
   std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+  max_tiles: int = 16
+  resize_to_max_canvas: bool = False
 
   def __post_init__(self):
-    for name in ("height", "width"):
+    for name in ("height", "width", "max_tiles"):
       sections.check_int(f"image {name}", getattr(self, name), minimum=1)
     sections.check_choice("image resample", self.resample, RESAMPLE_FILTERS)
     if len(self.mean) != 3 or len(self.std) != 3 or not all(
@@ -112,7 +118,10 @@ class ImageSettings:
         width=size.get("width", self.width),
         resample=config.get("resample", self.resample),
         rescale_factor=config.get("rescale_factor", self.rescale_factor),
-        mean=tuple(float(m) for m in mean), std=tuple(float(s) for s in std))
+        mean=tuple(float(m) for m in mean), std=tuple(float(s) for s in std),
+        max_tiles=config.get("max_patches", self.max_tiles),
+        resize_to_max_canvas=bool(config.get("resize_to_max_canvas",
+                                             self.resize_to_max_canvas)))
 
 
 def model_settings(cfg: vision.VisionConfig, folder: str) -> ImageSettings:

@@ -75,10 +75,13 @@ CHAT_TEMPLATE = "gemma"
 
 
 def image_prompt_ids(vision: vision_lib.VisionConfig,
-                     encode: Callable[[str], list[int]]) -> list[int]:
+                     encode: Callable[[str], list[int]],
+                     grid: None = None) -> list[int]:
   """The ids one image becomes in a prompt, as `Gemma3Processor` expands
   it: "\n\n", <start_of_image>, one placeholder per soft token,
-  <end_of_image>, "\n\n" (`encode`: the tokenizer's, no BOS)."""
+  <end_of_image>, "\n\n" (`encode`: the tokenizer's, no BOS; `grid`: every
+  image is one, None)."""
+  del grid
   newlines = encode("\n\n")
   return (newlines + [vision.image_start_id] +
           [vision.image_token_id] * vision.tokens_per_image +

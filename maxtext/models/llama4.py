@@ -30,10 +30,12 @@ projector (`maxtext.layers.vision`, `vision_arch="llama4"`), stored under
 decoder is this model under `language_model.`.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from maxtext.common.model_config import ModelConfig
+from maxtext.data import image_tiles
+from maxtext.layers import vision as vision_lib
 from maxtext.models import decoder
 from maxtext.models import hf_params
 from maxtext.models import hf_vision_params
@@ -118,6 +120,33 @@ ARCHITECTURE = {
     "router_weights_on_input": True, "num_shared_experts": 1,
     "expert_gate_up_fused": True,
 }
+
+
+# The image prompt's tokens besides the placeholder, start and end ids.
+_IMAGE_TEXTS = {"x_separator": "<|tile_x_separator|>",
+                "y_separator": "<|tile_y_separator|>", "image": "<|image|>"}
+
+
+def image_prompt_ids(vision: vision_lib.VisionConfig,
+                     encode: Callable[[str], list[int]],
+                     grid: tuple[int, int]) -> list[int]:
+  """The ids an image of `grid` (rows, cols) tiles becomes in a prompt, as
+  `Llama4Processor` expands it (`image_tiles.prompt_ids`); `encode` (the
+  tokenizer's, special tokens allowed) gives the separators' and
+  <|image|>'s ids.
+
+  Raises:
+    ValueError: the tokenizer does not have one of those special tokens.
+  """
+  ids = {"start": vision.image_start_id, "end": vision.image_end_id,
+         "patch": vision.image_token_id}
+  for name, text in _IMAGE_TEXTS.items():
+    encoded = encode(text)
+    if len(encoded) != 1:
+      raise ValueError(f"The tokenizer encodes {text!r} as {encoded}, not as"
+                       " one special token; Llama 4's image prompts need it.")
+    ids[name] = encoded[0]
+  return image_tiles.prompt_ids(*grid, vision.tokens_per_image, ids)
 
 
 def _interval(flags: Sequence[bool], what: str, key: str) -> int:

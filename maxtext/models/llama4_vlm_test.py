@@ -158,6 +158,19 @@ class Llama4VisionLanguageTest(parameterized.TestCase):
         logits = reloaded(**self._hf_inputs()).logits.numpy()
     np.testing.assert_allclose(logits, self.want, atol=_TOLERANCE)
 
+  def test_image_prompt_ids(self):
+    """An image of 1 x 2 tiles: its start, two tiles' placeholders with a
+    column and a row separator, <|image|>, the global view's, its end; the
+    separators' ids from the tokenizer, which must have them."""
+    specials = dict(hf_tiny_models.LLAMA4_VLM_TEXT_IDS)
+    ids = llama4.image_prompt_ids(self.cfg.vision,
+                                  lambda text: [specials[text]], (1, 2))
+    self.assertEqual(ids, [121] + [120] * 4 + [123] + [120] * 4 + [124, 125]
+                     + [120] * 4 + [122])
+    with self.assertRaisesRegex(
+        ValueError, r"'<\|tile_x_separator\|>' as \[1, 2\], not as one"):
+      llama4.image_prompt_ids(self.cfg.vision, lambda text: [1, 2], (1, 2))
+
   def test_bad_settings_name_the_key(self):
     for changes, key in (
         (dict(vision_mlp_dim=96), "vision_mlp_dim=96.*window"),

@@ -157,7 +157,8 @@ def image_inputs(loaded: base_model.LoadedModel,
   without `data.images_per_row`).
 
   Raises:
-    ValueError: images are asked of a model without a vision tower.
+    ValueError: images are asked of a model without a vision tower, or of
+      one whose images become tiles (Llama 4: not read from records yet).
   """
   if not data.images_per_row:
     return None
@@ -167,6 +168,12 @@ def image_inputs(loaded: base_model.LoadedModel,
         f"data.images_per_row={data.images_per_row} needs a model with a "
         f"vision tower; the {loaded.cfg.family} model of {loaded.path} has "
         "none (vision_layers=0).")
+  if vision.arch == "llama4":
+    raise ValueError(
+        f"data.images_per_row={data.images_per_row}: fine-tuning on images "
+        f"is not supported yet for the {loaded.cfg.family} model of "
+        f"{loaded.path} (its images become tiles); use data.images_per_row=0"
+        " to fine-tune it on text.")
   family = registry.family_module(loaded.cfg.family)
   return images_lib.ImageInputs(
       images_lib.model_settings(vision, loaded.path),

@@ -7,6 +7,7 @@ with the same logits."""
 
 import os
 import tempfile
+import types
 
 from absl.testing import absltest
 from flax import nnx
@@ -25,11 +26,13 @@ from maxtext.data import images
 from maxtext.data import pipeline
 from maxtext.metrics import flops
 from maxtext.metrics import writers
+from maxtext.models import llama4
 from maxtext.posttrain import adapter
 from maxtext.posttrain import base_model
 from maxtext.posttrain import posttrain_testing as pt
 from maxtext.posttrain import sft
 from maxtext.posttrain.config import PosttrainConfig
+from testing import hf_tiny_models
 
 _STEPS = 40
 
@@ -196,6 +199,17 @@ class SftVisionLanguageTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "needs a model with a vision "
                                 "tower"):
       sft.run(config, os.path.join(self.folder, "bad"))
+
+  def test_llama4_images_are_not_read_yet(self):
+    """Llama 4's images become tiles, which the records do not read yet: a
+    one-line refusal, not a failure later."""
+    cfg = llama4.model_config_from_hf(
+        hf_tiny_models.tiny_llama4_vlm().config.to_dict())
+    loaded = base_model.LoadedModel(model=None, cfg=cfg, checkpoint_cfg=cfg,
+                                    path="ckpt")
+    with self.assertRaisesRegex(ValueError, "data.images_per_row=1: "
+                                "fine-tuning on images is not supported yet"):
+      sft.image_inputs(loaded, types.SimpleNamespace(images_per_row=1))
 
 
 if __name__ == "__main__":
