@@ -232,7 +232,8 @@ LLAMA4_VLM_TEXT_IDS = {"<|image_start|>": 121, "<|image_end|>": 122,
 
 def tiny_llama4_vlm(seed: int = 0
                     ) -> transformers.Llama4ForConditionalGeneration:
-  """The tiny Llama 4 vision-language model with random parameters."""
+  """The tiny Llama 4 vision-language model with random parameters (its
+  image ids `LLAMA4_VLM_IDS`, 128 text ids)."""
   _, _, text, _ = FAMILIES["llama4"]
   config = transformers.Llama4Config(
       text_config={**SIZES, **text},

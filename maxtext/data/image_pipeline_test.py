@@ -25,8 +25,8 @@ _START, _PLACEHOLDER, _END = 7, 8, 9
 _TOKENS_PER_IMAGE = 4
 _SETTINGS = images.ImageSettings(height=8, width=8)
 _INPUTS = images.ImageInputs(
-    _SETTINGS, lambda encode: [_START] + [_PLACEHOLDER] * _TOKENS_PER_IMAGE +
-    [_END])
+    _SETTINGS, lambda encode, grid: [_START] +
+    [_PLACEHOLDER] * _TOKENS_PER_IMAGE + [_END])
 
 
 def _config(**overrides) -> DataConfig:

@@ -187,12 +187,17 @@ class ImageInputs:
 
   Attributes:
     settings: Its preprocessing (`model_settings`).
-    prompt_ids: encode -> the ids one image part becomes (the family's
-      `image_prompt_ids` bound to its vision config).
+    prompt_ids: (encode, grid) -> the ids an image part becomes (the
+      family's `image_prompt_ids` bound to its vision config; `grid`: the
+      image's tiles as `pixels` gives them, or None).
+    pixels: image -> (what the tower takes of it [n, h, w, 3], its grid of
+      tiles or None) (Llama 4's tiles: `image_tiles.model_pixels`); None:
+      `preprocess`, one image per slot.
   """
 
   settings: ImageSettings
-  prompt_ids: Callable[[Callable[[str], list[int]]], list[int]]
+  prompt_ids: Callable[[Callable[[str], list[int]], Any], list[int]]
+  pixels: Callable[[Image.Image], tuple[np.ndarray, Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,16 +207,22 @@ class ImageReader:
   Attributes:
     settings: Preprocessing.
     image_dir: Where relative paths are ("" : they are refused).
-    per_row: Most images of one document (`data.images_per_row`).
+    per_row: Most image slots of one document (`data.images_per_row`;
+      Llama 4: tiles).
+    pixels: What the tower takes of one image (`ImageInputs.pixels`); None:
+      `preprocess`, one slot.
   """
 
   settings: ImageSettings
   image_dir: str
   per_row: int
+  pixels: Callable[[Image.Image], tuple[np.ndarray, Any]] | None = None
 
   def read(self, parts: Sequence[Mapping[str, Any]],
-           column: Sequence[Any] | None = None) -> np.ndarray:
-    """float32 [len(parts), h, w, 3] of the parts, in order.
+           column: Sequence[Any] | None = None
+           ) -> tuple[np.ndarray, list[Any]]:
+    """(float32 [slots, h, w, 3] of the parts in order, each part's grid
+    of tiles or None).
 
     Args:
       parts: A conversation's image parts.
@@ -222,8 +233,8 @@ class ImageReader:
 
     Raises:
       ImageError: an image cannot be read (names it).
-      ValueError: there are more than `per_row`, or the parts and the
-        column's entries do not pair up.
+      ValueError: they take more than `per_row` slots, or the parts and
+        the column's entries do not pair up.
     """
     if len(parts) > self.per_row:
       raise ValueError(f"{len(parts)} images, more than data.images_per_row="
@@ -236,13 +247,22 @@ class ImageReader:
           f"{len(column)} images in the record's image column; they pair up "
           "in order, so the counts must match")
     column_parts = iter(column)
-    pixels = [preprocess(load(*self._source(
-        part if _has_data(part) else _as_part(next(column_parts)))),
-                         self.settings) for part in parts]
-    if not pixels:
+    read = [self._pixels(load(*self._source(
+        part if _has_data(part) else _as_part(next(column_parts)))))
+            for part in parts]
+    if not read:
       return np.zeros((0, self.settings.height, self.settings.width, 3),
-                      np.float32)
-    return np.stack(pixels)
+                      np.float32), []
+    pixels = np.concatenate([image for image, _ in read])
+    if len(pixels) > self.per_row:
+      raise ValueError(f"{len(parts)} images take {len(pixels)} image "
+                       f"slots, more than data.images_per_row={self.per_row}")
+    return pixels, [grid for _, grid in read]
+
+  def _pixels(self, image: Image.Image) -> tuple[np.ndarray, Any]:
+    if self.pixels is None:
+      return preprocess(image, self.settings)[None], None
+    return self.pixels(image)
 
   def _source(self, part: Mapping[str, Any]) -> tuple[str | bytes, str]:
     """(path or bytes, how errors name it) of an image part."""

@@ -37,6 +37,7 @@ Shapes: B batch (per process), L sequence length.
 """
 
 from collections.abc import Iterator, Mapping
+import functools
 import json
 from typing import Any
 
@@ -214,15 +215,18 @@ def _encoders_and_sources(config: DataConfig, components, *, vocab_size: int,
         f"Tokenizer {tokenizer.path!r} has {tokenizer.vocab_size} ids but the"
         f" model's vocab_size is {vocab_size}; use a matching tokenizer or"
         " raise model.vocab_size.")
-  chat = reader = None
+  chat = reader = image_ids = None
   if config.chat_template:
-    image_ids = ()
     if config.images_per_row:
-      image_ids = image_inputs.prompt_ids(tokenizer.encode)
+      # Picklable (grain workers): each image's ids from its grid of tiles.
+      image_ids = functools.partial(
+          image_inputs.prompt_ids,
+          functools.partial(tokenizer.encode, allow_special=True))
       reader = images_lib.ImageReader(image_inputs.settings, config.image_dir,
-                                      config.images_per_row)
+                                      config.images_per_row,
+                                      image_inputs.pixels)
     chat = chat_lib.ChatEncoder(chat_lib.load_template(config.chat_template),
-                                tokenizer, image_ids=image_ids)
+                                tokenizer)
   sources, encoders = [], []
   for _, component in components:
     text_field = component.text_field or config.text_field
@@ -236,7 +240,8 @@ def _encoders_and_sources(config: DataConfig, components, *, vocab_size: int,
         tokenizer, text_field=text_field,
         max_document_bytes=config.max_document_bytes, add_bos=config.add_bos,
         add_eos=config.add_eos, chat=chat, images=reader,
-        row_tokens=config.seq_len + 1, image_field=config.image_field))
+        row_tokens=config.seq_len + 1, image_field=config.image_field,
+        image_ids=image_ids))
   fingerprint = {
       "sources": [[c.source, len(s), c.weight, e.text_field]
                   for (_, c), s, e in zip(components, sources, encoders)],

@@ -23,6 +23,7 @@ missing, truncated or non-image file, more images than a row holds, or a
 document with images longer than a row makes the record bad.
 """
 
+from collections.abc import Callable
 import dataclasses
 import json
 from typing import Any
@@ -81,13 +82,17 @@ class DocumentEncoder:
       datasets' image column); "": none.
     row_tokens: With `images`, the most tokens of a document with images
       (a row's: its images are never split).
+    image_ids: With `images`, grid -> the ids an image part becomes
+      (`ImageInputs.prompt_ids` with the tokenizer); None: the chat
+      encoder's own.
   """
 
   def __init__(self, tokenizer: tokenizer_lib.Tokenizer, *, text_field: str,
                max_document_bytes: int, add_bos: bool, add_eos: bool,
                chat: chat_lib.ChatEncoder | None = None,
                images: images_lib.ImageReader | None = None,
-               row_tokens: int = 0, image_field: str = ""):
+               row_tokens: int = 0, image_field: str = "",
+               image_ids: Callable[[Any], list[int]] | None = None):
     self.tokenizer = tokenizer
     self.text_field = text_field
     self.max_document_bytes = max_document_bytes
@@ -95,6 +100,7 @@ class DocumentEncoder:
     self.images = images
     self.row_tokens = row_tokens
     self.image_field = image_field
+    self.image_ids = image_ids
     self._bos = ([tokenizer.bos_id] if add_bos and tokenizer.bos_id is not None
                  else [])
     self._eos = ([tokenizer.eos_id] if add_eos and tokenizer.eos_id is not None
@@ -149,17 +155,20 @@ class DocumentEncoder:
     """
     try:
       value, column_images = self._field(raw, payload)
+      images = per_image_ids = None
+      if self.images is not None:
+        images, grids = self.images.read(chat_lib.image_parts(value),
+                                         column_images)
+        if self.image_ids is not None:
+          per_image_ids = [self.image_ids(grid) for grid in grids]
       if self.chat is not None:
         try:
-          ids, weights = self.chat.encode(value)
+          ids, weights = self.chat.encode(value, per_image_ids)
         except chat_lib.ChatTemplateError as e:
           raise ValueError(str(e)) from None
       else:
         ids, weights = self._encode_text(value)
-      images = None
-      if self.images is not None:
-        images = self.images.read(chat_lib.image_parts(value),
-                                  column_images)
+      if images is not None:
         if len(images) and len(ids) > self.row_tokens:
           raise ValueError(
               f"{len(ids)} tokens with images, more than a row holds "

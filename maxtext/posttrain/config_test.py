@@ -25,6 +25,8 @@ def _loadable(module, variant):
   config.train.load = "ckpt"
   config.data.files = "data.jsonl"
   config.data.eval_files = "eval.jsonl"  # The smollm2 demo evaluates.
+  # The user names the checkpoint's own template (sft_vlm.py:llama4).
+  config.data.chat_template = config.data.chat_template or "llama3"
   if "distill" in config:
     config.distill.teacher = "teacher"
   return config
@@ -39,7 +41,8 @@ class ConfigTest(parameterized.TestCase):
     self.assertEqual(built.sft is not None, method in ("sft", "distill"))
     self.assertEqual(built.dpo is not None, method in ("dpo", "orpo"))
     self.assertEqual(built.distill is not None, method == "distill")
-    if variant in ("lora", "qlora", "smollm2", "gemma3_lora", "gemma3_qlora"):
+    if variant in ("lora", "qlora", "smollm2", "gemma3_lora", "gemma3_qlora",
+                   "llama4_lora"):
       self.assertEqual(built.lora.mode, "qlora" if "qlora" in variant else
                        "lora")
 

@@ -45,11 +45,19 @@ def word(i: int) -> str:
   return f"w{i}"
 
 
-def write_tokenizer(path: str) -> None:
-  """A word-level tokenizer.json of the words and the template's words."""
+def write_tokenizer(path: str, specials: dict[str, int] | None = None
+                    ) -> None:
+  """A word-level tokenizer.json of the words and the template's words,
+  and `specials` (word -> id) beyond them."""
   vocab = {word(i): i for i in range(NUM_WORDS)}
   vocab.update({w: len(vocab) + i
                 for i, w in enumerate(SPECIAL_WORDS + CAPTION_WORDS)})
+  specials = specials or {}
+  # Ids below the specials' that no word has get fillers (no holes).
+  for i in range(len(vocab), max(specials.values(), default=0)):
+    if i not in specials.values():
+      vocab[f"<unused{i}>"] = i
+  vocab.update(specials)
   tokenizer = tokenizers.Tokenizer(
       tokenizers.models.WordLevel(vocab, unk_token=word(0)))
   tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
@@ -61,15 +69,21 @@ def write_checkpoint(folder: str, family: str = "llama3", seed: int = 0
   """A converted checkpoint (scanned layout) of a tiny random `family`
   model with the word tokenizer, and its Hugging Face folder; returns the
   checkpoint folder (`<folder>/ckpt`, the HF one is `<folder>/hf`).
-  `family` "gemma3_vlm": the tiny Gemma 3 vision-language model."""
+  `family` "gemma3_vlm": the tiny Gemma 3 vision-language model;
+  "llama4_vlm": the tiny Llama 4 one (its tokenizer also has Llama 4's
+  image prompt tokens, `hf_tiny_models.LLAMA4_VLM_TEXT_IDS`)."""
   hf_dir = os.path.join(folder, "hf")
+  specials = None
   if family == "gemma3_vlm":
     hf_model = hf_tiny_models.tiny_gemma3_vlm(seed, vocab_size=128,
                                                ids=VLM_IDS)
+  elif family == "llama4_vlm":
+    hf_model = hf_tiny_models.tiny_llama4_vlm(seed)
+    specials = hf_tiny_models.LLAMA4_VLM_TEXT_IDS
   else:
     hf_model = hf_tiny_models.tiny_hf_model(family, seed=seed)
   hf_model.save_pretrained(hf_dir)
-  write_tokenizer(os.path.join(hf_dir, "tokenizer.json"))
+  write_tokenizer(os.path.join(hf_dir, "tokenizer.json"), specials)
   out = os.path.join(folder, "ckpt")
   hf_convert.hf_to_orbax(hf_dir, out)
   return out

@@ -45,6 +45,7 @@ import optax
 from tunix.sft import peft_trainer
 
 from maxtext.common.model_config import ModelConfig
+from maxtext.data import image_tiles
 from maxtext.data import images as images_lib
 from maxtext.data import pipeline
 from maxtext.data.data_config import DataConfig
@@ -157,8 +158,7 @@ def image_inputs(loaded: base_model.LoadedModel,
   without `data.images_per_row`).
 
   Raises:
-    ValueError: images are asked of a model without a vision tower, or of
-      one whose images become tiles (Llama 4: not read from records yet).
+    ValueError: images are asked of a model without a vision tower.
   """
   if not data.images_per_row:
     return None
@@ -168,16 +168,11 @@ def image_inputs(loaded: base_model.LoadedModel,
         f"data.images_per_row={data.images_per_row} needs a model with a "
         f"vision tower; the {loaded.cfg.family} model of {loaded.path} has "
         "none (vision_layers=0).")
-  if vision.arch == "llama4":
-    raise ValueError(
-        f"data.images_per_row={data.images_per_row}: fine-tuning on images "
-        f"is not supported yet for the {loaded.cfg.family} model of "
-        f"{loaded.path} (its images become tiles); use data.images_per_row=0"
-        " to fine-tune it on text.")
   family = registry.family_module(loaded.cfg.family)
+  settings = images_lib.model_settings(vision, loaded.path)
   return images_lib.ImageInputs(
-      images_lib.model_settings(vision, loaded.path),
-      functools.partial(family.image_prompt_ids, vision))
+      settings, functools.partial(family.image_prompt_ids, vision),
+      functools.partial(image_tiles.model_pixels, vision, settings))
 
 
 def throughput(config: PosttrainConfig, cfg: ModelConfig, data: DataConfig,

@@ -7,7 +7,6 @@ with the same logits."""
 
 import os
 import tempfile
-import types
 
 from absl.testing import absltest
 from flax import nnx
@@ -26,7 +25,6 @@ from maxtext.data import images
 from maxtext.data import pipeline
 from maxtext.metrics import flops
 from maxtext.metrics import writers
-from maxtext.models import llama4
 from maxtext.posttrain import adapter
 from maxtext.posttrain import base_model
 from maxtext.posttrain import posttrain_testing as pt
@@ -200,16 +198,50 @@ class SftVisionLanguageTest(absltest.TestCase):
                                 "tower"):
       sft.run(config, os.path.join(self.folder, "bad"))
 
-  def test_llama4_images_are_not_read_yet(self):
-    """Llama 4's images become tiles, which the records do not read yet: a
-    one-line refusal, not a failure later."""
-    cfg = llama4.model_config_from_hf(
-        hf_tiny_models.tiny_llama4_vlm().config.to_dict())
-    loaded = base_model.LoadedModel(model=None, cfg=cfg, checkpoint_cfg=cfg,
-                                    path="ckpt")
-    with self.assertRaisesRegex(ValueError, "data.images_per_row=1: "
-                                "fine-tuning on images is not supported yet"):
-      sft.image_inputs(loaded, types.SimpleNamespace(images_per_row=1))
+
+class SftLlama4VisionTest(absltest.TestCase):
+  """`sft_vlm.py:llama4` on the tiny Llama 4 vision-language model: each
+  28-pixel caption picture is one tile (`image_tiles`), its prompt Llama 4's
+  (start, <|image|>, the tile's placeholders, end); the loss falls, the
+  tower stays frozen, and the export loads in transformers with equal
+  logits."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.folder = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+    cls.ckpt = pt.write_checkpoint(cls.folder, "llama4_vlm")
+    captions = os.path.join(cls.folder, "captions")
+    caption_task.write(captions, 96, seed=0)
+    config = _config(cls.folder, cls.ckpt, captions, 30, "llama4")
+    cls.result = sft.run(config, os.path.join(cls.folder, "full"))
+
+  def test_loss_falls_tower_frozen_and_export_loads(self):
+    metrics = writers.read_jsonl(os.path.join(self.folder, "full",
+                                              "metrics.jsonl"))
+    first, last = metrics[1]["train/loss"], metrics[30]["train/loss"]
+    print(f"Llama 4 VLM SFT: train/loss {first:.3f} -> {last:.3f}")
+    self.assertLess(last, first / 4)
+    export = self.result.exported["export"]
+    _, start = params_checkpoint.load_params(self.ckpt)
+    cfg, end = params_checkpoint.load_params(export)
+    for a, b in zip(jax.tree.leaves(start["vision"]),
+                    jax.tree.leaves(end["vision"])):
+      np.testing.assert_array_equal(a, b)
+    hf_dir = os.path.join(self.folder, "exported_hf")
+    hf_convert.orbax_to_hf(export, hf_dir)
+    hf_model = transformers.AutoModelForImageTextToText.from_pretrained(
+        hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    model = adapter.TunixModel(params_checkpoint.model_from_params(cfg, end))
+    ids = hf_tiny_models.LLAMA4_VLM_TEXT_IDS
+    tokens = np.array([[5, ids["<|image_start|>"], ids["<|image|>"]] +
+                       [ids["<|patch|>"]] * 4 + [ids["<|image_end|>"], 7]])
+    pixels = np.random.default_rng(0).uniform(-1, 1, (1, 1, 28, 28, 3))
+    logits, _ = model(jnp.asarray(tokens), images=jnp.asarray(pixels))
+    with torch.no_grad():
+      want = hf_model(input_ids=torch.tensor(tokens), pixel_values=torch.tensor(
+          pixels[0].transpose(0, 3, 1, 2), dtype=torch.float32)).logits
+    np.testing.assert_allclose(np.asarray(logits), want.numpy(), atol=1e-4)
 
 
 if __name__ == "__main__":
