@@ -16,6 +16,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from configs import gemma3 as gemma3_config
+from configs import llama4 as llama4_config
 from maxtext.checkpoint import params_checkpoint
 from maxtext.common.model_config import ModelConfig
 from testing import train_process
@@ -79,17 +80,33 @@ class AotRealSizesTest(parameterized.TestCase):
     self._compile(config, topology,
                   ("--config.data.source=synthetic", *overrides))
 
-  def test_gemma3_4b_with_its_tower_sft_step(self):
-    """Gemma 3 4B with its SigLIP tower (frozen): the sft step on 8 rows of
-    512 tokens and one 896 x 896 image each, full remat, v5p-8. Compiling
-    needs the checkpoint's model config only."""
+  def _model_config_folder(self, config_module, variant) -> str:
+    """A folder holding only a checkpoint's model config (all compiling
+    reads)."""
     load = self.create_tempdir().full_path
     with open(os.path.join(load, params_checkpoint.MODEL_CONFIG_FILENAME),
               "w", encoding="utf-8") as f:
       json.dump(ModelConfig.from_dict(
-          gemma3_config.get_config("4b_vlm").model).to_dict(), f)
+          config_module.get_config(variant).model).to_dict(), f)
+    return load
+
+  def test_gemma3_4b_with_its_tower_sft_step(self):
+    """Gemma 3 4B with its SigLIP tower (frozen): the sft step on 8 rows of
+    512 tokens and one 896 x 896 image each, full remat, v5p-8."""
+    load = self._model_config_folder(gemma3_config, "4b_vlm")
     self._compile("sft_vlm.py:gemma3", "v5p-8", (
         f"--config.train.load={load}", "--config.data.files=unread.jsonl",
+        _FULL), step="Sft step (Tunix PeftTrainer)")
+
+  def test_llama4_scout_with_its_tower_sft_step(self):
+    """Llama 4 Scout (108.64B) with its tower (frozen), LoRA: the sft step
+    on 32 rows of 4096 tokens with 17 tiles of 336 x 336 each (an image's
+    16 tiles and its global view), full remat, v5p-64 (measured: 33.83 GiB
+    per chip, docs/aot_compile.md)."""
+    load = self._model_config_folder(llama4_config, "scout_vlm")
+    self._compile("sft_vlm.py:llama4_lora", "v5p-64", (
+        f"--config.train.load={load}", "--config.data.files=unread.jsonl",
+        "--config.data.chat_template=llama3", "--config.train.batch_size=32",
         _FULL), step="Sft step (Tunix PeftTrainer)")
 
 
