@@ -202,10 +202,12 @@ def training_config(config: PosttrainConfig, workdir: str,
                     runtime: Runtime, length: int,
                     cls: type[Any] = peft_trainer.TrainingConfig,
                     throughput: hooks.Throughput | None = None,
+                    metrics_backend: type[MetricsBackend] = MetricsBackend,
                     **fields) -> Any:
   """Tunix's training config (`cls`, a `peft_trainer.TrainingConfig`) of a
-  run: steps, accumulation, evaluation, checkpoints and metrics (with
-  `throughput`, `perf/*` too: `MetricsBackend`)."""
+  run: steps, accumulation, evaluation, checkpoints and metrics, written by
+  `metrics_backend` (a `MetricsBackend` class: RL renames Tunix's events;
+  with `throughput`, `perf/*` too)."""
   train = config.train
   writer = writers_lib.make_writers(
       workdir, tensorboard=config.logging.tensorboard,
@@ -213,7 +215,7 @@ def training_config(config: PosttrainConfig, workdir: str,
   metrics = tunix_metrics.MetricsLoggerOptions(
       log_dir=workdir,
       backend_kwargs={"custom_backend": [
-          lambda: MetricsBackend(writer, throughput)]})
+          lambda: metrics_backend(writer, throughput)]})
   every = train.checkpoint_every_steps or train.steps
   return cls(
       eval_every_n_steps=config.data.eval_every_steps or train.steps + 1,
@@ -317,11 +319,12 @@ def run_binary(program: str, run: Callable[[ml_collections.ConfigDict, str],
   return result
 
 
-def start(config: ml_collections.ConfigDict, workdir: str
-          ) -> tuple[PosttrainConfig, str]:
-  """Validates `config` (its exports may not overwrite `train.load`) and
-  writes it to the (absolute) workdir."""
-  posttrain = PosttrainConfig.from_config_dict(config)
+def start(config: ml_collections.ConfigDict, workdir: str,
+          config_class: type[Any] = PosttrainConfig) -> tuple[Any, str]:
+  """Validates `config` as a `config_class` (a `PosttrainConfig`, or RL's;
+  its exports may not overwrite `train.load`) and writes it to the
+  (absolute) workdir."""
+  posttrain = config_class.from_config_dict(config)
   workdir = os.path.abspath(workdir)
   if posttrain.train.load:
     base_model.check_export_folders(workdir, posttrain.train.load)

@@ -45,7 +45,6 @@ from tunix.rl.grpo import grpo_learner
 from tunix.rl.rollout import base_rollout
 
 from maxtext.checkpoint import params_checkpoint
-from maxtext.common import workdir as workdir_lib
 from maxtext.data import chat_template as chat_lib
 from maxtext.data import tokenizer as tokenizer_lib
 from maxtext.models import registry
@@ -304,11 +303,8 @@ def make_learner(config: RlRunConfig, workdir: str, *, load: str,
       config, workdir, runtime, r.max_prompt_length + r.max_new_tokens,
       cls=rl_cluster_lib.RLTrainingConfig,
       actor_optimizer=runtime_lib.make_optimizer(config),
-      mini_batch_size=config.train.mini_batch_size or None)
-  backends = training.metrics_logging_options.backend_kwargs
-  make_backend = backends["custom_backend"][0]
-  backends["custom_backend"] = [
-      lambda: RlMetricsBackend(make_backend().writer)]
+      mini_batch_size=config.train.mini_batch_size or None,
+      metrics_backend=RlMetricsBackend)
   roles = rl_cluster_lib.Role
   cluster_config = rl_cluster_lib.ClusterConfig(
       role_to_mesh={roles.ACTOR: runtime.mesh, roles.REFERENCE: runtime.mesh,
@@ -335,10 +331,4 @@ def run(config: ml_collections.ConfigDict,
   Raises:
     ValueError: the config is invalid (names the key).
   """
-  rl_config = RlRunConfig.from_config_dict(config)
-  workdir = os.path.abspath(workdir)
-  if rl_config.train.load:
-    base_model.check_export_folders(workdir, rl_config.train.load)
-  if jax.process_index() == 0:
-    workdir_lib.write_config(workdir, config.to_dict(), step=0)
-  return run_grpo(rl_config, workdir)
+  return run_grpo(*runtime_lib.start(config, workdir, RlRunConfig))
