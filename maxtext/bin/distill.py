@@ -26,9 +26,9 @@ host_memory.keep_freed_memory(reexec=__name__ == "__main__")
 from absl import flags
 
 from maxtext.posttrain import distill
-from maxtext.posttrain import runtime
+from maxtext.posttrain import binary
 
-_FLAGS = runtime.define_binary_flags(
+_FLAGS = binary.define_binary_flags(
     config_help="Distillation config (configs/distill.py)",
     load_help="The student's checkpoint (sets config.train.load).",
     default_workdir="runs/distill")
@@ -41,14 +41,14 @@ def _teacher_into(config) -> None:
     config.distill.teacher = _TEACHER.value
 
 
-main = runtime.binary_main("distill", distill.run, _FLAGS,
+main = binary.binary_main("distill", distill.run, _FLAGS,
                            before_run=_teacher_into)
 
 
 def console_main() -> None:
   """Starts the binary: under `bazel run`, and as the pip install's
   `maxtext-distill`."""
-  runtime.start_binary(main)
+  binary.start_binary(main)
 
 
 if __name__ == "__main__":

@@ -27,21 +27,21 @@ from maxtext.common import host_memory
 host_memory.keep_freed_memory(reexec=__name__ == "__main__")
 
 # pylint: disable=wrong-import-position
-from maxtext.posttrain import runtime
+from maxtext.posttrain import binary
 from maxtext.rl import grpo
 
-_FLAGS = runtime.define_binary_flags(
+_FLAGS = binary.define_binary_flags(
     config_help="RL config, e.g. configs/grpo.py or configs/grpo.py:gspo",
     load_help="The starting checkpoint (sets config.train.load).",
     default_workdir="runs/grpo[_<variant>]")
 
-main = runtime.binary_main("grpo", grpo.run, _FLAGS)
+main = binary.binary_main("grpo", grpo.run, _FLAGS)
 
 
 def console_main() -> None:
   """Starts the binary: under `bazel run`, and as the pip install's
   `maxtext-grpo`."""
-  runtime.start_binary(main)
+  binary.start_binary(main)
 
 
 if __name__ == "__main__":

@@ -31,22 +31,22 @@ from maxtext.common import host_memory
 host_memory.keep_freed_memory(reexec=__name__ == "__main__")
 
 # pylint: disable=wrong-import-position
-from maxtext.posttrain import runtime
+from maxtext.posttrain import binary
 from maxtext.posttrain import sft
 
-_FLAGS = runtime.define_binary_flags(
+_FLAGS = binary.define_binary_flags(
     config_help="Post-training config, e.g. configs/sft.py:lora or"
     " configs/dpo.py:orpo",
     load_help="The starting checkpoint (sets config.train.load).",
     default_workdir="runs/<config file stem>[_<variant>]")
 
-main = runtime.binary_main("sft", sft.run, _FLAGS)
+main = binary.binary_main("sft", sft.run, _FLAGS)
 
 
 def console_main() -> None:
   """Starts the binary: under `bazel run`, and as the pip install's
   `maxtext-sft`."""
-  runtime.start_binary(main)
+  binary.start_binary(main)
 
 
 if __name__ == "__main__":

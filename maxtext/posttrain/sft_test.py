@@ -16,6 +16,7 @@ from maxtext.data import pipeline
 from maxtext.metrics import writers
 from maxtext.posttrain import adapter
 from maxtext.posttrain import posttrain_testing as pt
+from maxtext.posttrain import binary
 from maxtext.posttrain import runtime
 from maxtext.posttrain import sft
 from maxtext.posttrain.config import PosttrainConfig
@@ -139,7 +140,7 @@ class SftTest(absltest.TestCase):
     workdir = os.path.join(self.folder, "preempted")
     with mock.patch.object(sft, "model_batches", sigterm_in_update_2), \
         self.assertRaises(SystemExit) as stopped:
-      runtime.run_binary("sft", sft.run, config(4), config_path="sft.py",
+      binary.run_binary("sft", sft.run, config(4), config_path="sft.py",
                          load=None, workdir=workdir,
                          compilation_cache_dir=None)
     self.assertEqual(stopped.exception.code,
