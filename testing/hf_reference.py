@@ -51,6 +51,14 @@ def parameter_counts(cfg: ModelConfig, hf_class, hf_config) -> tuple[int, int]:
   return ours, sum(p.numel() for p in hf_model.parameters())
 
 
+def image_text_logits(model: nnx.Module, tokens_BL: np.ndarray,
+                      pixels_Bvhwe: np.ndarray) -> np.ndarray:
+  """A vision-language model's float32 logits [B, L, V] of token rows and
+  each row's images (jitted)."""
+  return np.asarray(nnx.jit(lambda m, t, i: m(t, images_Bvhwe=i))(
+      model, jnp.asarray(tokens_BL), jnp.asarray(pixels_Bvhwe)))
+
+
 def state_dict(hf_model: torch.nn.Module) -> dict[str, np.ndarray]:
   """The model's tensors as its checkpoints store them (`save_pretrained`):
   transformers >= 5 fuses some in memory (e.g. the experts of MoE models)."""
