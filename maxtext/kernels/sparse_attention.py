@@ -105,16 +105,6 @@ def _attend(qc_BLHZ: jax.Array, qr_BLHK: jax.Array, c: jax.Array,
   return jnp.einsum(f"blhj,{spec}z->blhz", probs_BLHn, c), probs_BLHn
 
 
-def attend_selected(qc_BLHZ: jax.Array, qr_BLHK: jax.Array, c_BSZ: jax.Array,
-                    r_BSK: jax.Array, index_BLj: jax.Array,
-                    valid_BLj: jax.Array, *, scale: float) -> jax.Array:
-  """Latent attention of each query over its selected tokens: [B, L, H, Z]
-  (module docstring), float32."""
-  return _attend(qc_BLHZ, qr_BLHK, _gather(c_BSZ, index_BLj),
-                 _gather(r_BSK, index_BLj), valid_BLj, scale=scale,
-                 tokens="lj")[0]
-
-
 def indexer_kl(target_BLn: jax.Array, scores_BLn: jax.Array,
                valid_BLn: jax.Array) -> jax.Array:
   """KL(target || softmax of the scores over the valid tokens) per query,

@@ -29,6 +29,7 @@ router bias) as it was.
 from collections.abc import Callable
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -132,41 +133,41 @@ def weight_decay_mask(params):
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def stop_frozen_gradients(params, trainable: Callable[[tuple[str, ...]],
-                                                       bool] | None):
+Trainable = Callable[[tuple[str, ...]], bool] | None
+
+
+def _frozen_to(trainable: Trainable, frozen: Callable[..., Any], tree,
+               *others):
+  """`tree` with each leaf `trainable` rejects replaced by `frozen(leaf,
+  *the same leaf of others)` (`trainable` None: `tree` as it is)."""
+  if trainable is None:
+    return tree
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x, *rest: x if trainable(path_names(path))
+      else frozen(x, *rest), tree, *others)
+
+
+def stop_frozen_gradients(params, trainable: Trainable):
   """`params` with the gradients of those `trainable` rejects stopped
   (`trainable` None: all train)."""
-  if trainable is None:
-    return params
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: x if trainable(path_names(path))
-      else jax.lax.stop_gradient(x), params)
+  return _frozen_to(trainable, jax.lax.stop_gradient, params)
 
 
-def keep_frozen(trainable: Callable[[tuple[str, ...]], bool] | None
-                ) -> optax.GradientTransformation:
+def keep_frozen(trainable: Trainable) -> optax.GradientTransformation:
   """Zeroes the updates of the parameters `trainable` rejects (None: every
   parameter trains, and the updates pass unchanged); stateless."""
 
   def update_fn(updates, state, params=None):
     del params
-    if trainable is not None:
-      updates = jax.tree_util.tree_map_with_path(
-          lambda path, u: u if trainable(path_names(path))
-          else jnp.zeros_like(u), updates)
-    return updates, state
+    return _frozen_to(trainable, jnp.zeros_like, updates), state
 
   return optax.GradientTransformation(optax.init_empty_state, update_fn)
 
 
-def keep_frozen_state(new, old, trainable: Callable[[tuple[str, ...]],
-                                                   bool] | None):
+def keep_frozen_state(new, old, trainable: Trainable):
   """Model state `new` where `trainable` accepts the path, else `old` (a
   frozen model's non-parameter state, e.g. its router bias, stays)."""
-  if trainable is None:
-    return new
-  return jax.tree_util.tree_map_with_path(
-      lambda path, n, o: n if trainable(path_names(path)) else o, new, old)
+  return _frozen_to(trainable, lambda _, kept: kept, new, old)
 
 
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
