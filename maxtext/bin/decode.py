@@ -48,7 +48,6 @@ from maxtext.checkpoint import params_checkpoint
 from maxtext.common import cli
 from maxtext.data import assets
 from maxtext.data import chat_template
-from maxtext.data import image_tiles
 from maxtext.data import images as images_lib
 from maxtext.data import tokenizer as tokenizer_lib
 from maxtext.inference import generate
@@ -154,24 +153,24 @@ def main(argv: list[str]) -> None:
 
 
 def _images(cfg, checkpoint: str):
-  """--image as what the tower takes: (pixels [v, h, w, e] of all of them,
-  in order (Llama 4: each image's tiles), each image's grid of tiles or
-  None), or (None, []) without."""
+  """--image as what the tower takes: (its `images.ImageInputs`, pixels
+  [v, h, w, e] of all of them in order (Llama 4: each image's tiles), each
+  image's grid of tiles or None), or (None, None, []) without."""
   if not _IMAGE.value:
-    return None, []
+    return None, None, []
   if not cfg.vision.layers:
     raise ValueError(f"--image given, and the {cfg.family} model of "
                      f"{checkpoint} has no vision tower (vision_layers=0).")
-  settings = images_lib.model_settings(cfg.vision, checkpoint)
-  read = [image_tiles.model_pixels(cfg.vision, settings, images_lib.load(
-      paths.user_path(image))) for image in _IMAGE.value]
-  return (np.concatenate([pixels for pixels, _ in read]),
+  inputs = registry.image_inputs(cfg, checkpoint)
+  read = [inputs.pixels(images_lib.load(paths.user_path(image)))
+          for image in _IMAGE.value]
+  return (inputs, np.concatenate([pixels for pixels, _ in read]),
           [grid for _, grid in read])
 
 
-def _text_prompts(cfg, tokenizer, grids) -> list[list[int]]:
+def _text_prompts(cfg, tokenizer, inputs, grids) -> list[list[int]]:
   """--prompt as ids: plain text, or with --image a chat turn holding the
-  images (each image's ids from its `grids` entry)."""
+  images (each image's ids from its `grids` entry, `inputs.ids_for`)."""
   if not _IMAGE.value:
     return [tokenizer.encode(text) for text in _PROMPT.value]
   family = registry.family_module(cfg.family)
@@ -183,12 +182,7 @@ def _text_prompts(cfg, tokenizer, grids) -> list[list[int]]:
       chat_template.user_template(_CHAT_TEMPLATE.value)
       if _CHAT_TEMPLATE.value else family.CHAT_TEMPLATE)
   encoder = chat_template.ChatEncoder(template, tokenizer)
-
-  def encode(text):
-    return tokenizer.encode(text, allow_special=True)
-
-  image_ids = [family.image_prompt_ids(cfg.vision, encode, grid)
-               for grid in grids]
+  image_ids = list(map(inputs.ids_for(tokenizer), grids))
   images = [{"type": "image", "path": path} for path in _IMAGE.value]
   return [encoder.prompt([{"role": "user", "content": images + [
       {"type": "text", "text": text}]}], image_ids) for text in _PROMPT.value]
@@ -213,11 +207,11 @@ def _decode() -> None:
   checkpoint = paths.user_path(_CHECKPOINT.value)
   cfg, params = params_checkpoint.load_params(checkpoint)
   tokenizer = None
-  pixels, grids = _images(cfg, checkpoint)
+  inputs, pixels, grids = _images(cfg, checkpoint)
   if _PROMPT.value:
     tokenizer_path = _tokenizer_path(checkpoint)
     tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
-    prompts = _text_prompts(cfg, tokenizer, grids)
+    prompts = _text_prompts(cfg, tokenizer, inputs, grids)
     largest = max(max(prompt, default=0) for prompt in prompts)
     if largest >= cfg.vocab_size:
       raise ValueError(

@@ -13,9 +13,9 @@ a `tokenizer_config.json`.
 A message's content is a string, or a list of parts (transformers' format):
 `{"type": "text", "text": ...}` and `{"type": "image", ...}` (a path, URL
 field or bytes: `image_parts` gives them in order, the caller loads them).
-An image part renders as a mark that `encode` replaces with the ids one image
-expands into (`image_ids`: the family's placeholders, one per soft token,
-never parsed from text); those ids have loss weight 0.
+An image part renders as a mark that `encode` replaces with the ids that
+image expands into (its entry of `image_ids`: the family's placeholders, one
+per soft token, never parsed from text); those ids have loss weight 0.
 
 Only the assistant turns are trained on: `encode_chat` renders each
 assistant turn as the difference between the conversation up to it and the
@@ -248,12 +248,9 @@ class ChatEncoder:
   literal "<|im_end|>" typed in a message stays text.
   """
 
-  def __init__(self, source: str, tokenizer: tokenizer_lib.Tokenizer, *,
-               image_ids: Sequence[int] = ()):
-    """`image_ids`: what one image part becomes (empty: images refused)."""
+  def __init__(self, source: str, tokenizer: tokenizer_lib.Tokenizer):
     self.source = source
     self.tokenizer = tokenizer
-    self.image_ids = list(image_ids)
     self._template = compile_template(source)
     # Special tokens the template may write as text, mapped to their ids
     # directly (SentencePiece would otherwise spell them out).
@@ -355,15 +352,18 @@ class ChatEncoder:
            image_ids: Sequence[Sequence[int]] | None = None
            ) -> tuple[list[int], list[int]]:
     """`encode` of rendered (text, is_assistant_turn) pieces: each image
-    part becomes the next of `image_ids` (one per image part, in order:
-    ids that depend on the image, Llama 4's tiles), or without them
-    `self.image_ids`.
+    part becomes the next of `image_ids` (one per image part, in order;
+    None: images are off).
 
     Raises:
       ChatTemplateError: an image part where images are off, or `image_ids`
         for another number of image parts.
     """
     parts = sum(text.count(_IMAGE) for text, _ in marked)
+    if image_ids is None and parts:
+      raise ChatTemplateError(
+          "the conversation has an image part, and images are off "
+          "(data.images_per_row=0, or a model without a vision tower)")
     if image_ids is not None and len(image_ids) != parts:
       raise ChatTemplateError(
           f"{len(image_ids)} images' ids given for {parts} image parts")
@@ -372,10 +372,6 @@ class ChatEncoder:
     if marks != (_CONTENT_START + _CONTENT_END) * (len(marks) // 2):
       marked = [(_CONTENT_MARKS.sub("", text), is_assistant)
                 for text, is_assistant in marked]
-    if image_ids is None and not self.image_ids and parts:
-      raise ChatTemplateError(
-          "the conversation has an image part, and images are off "
-          "(data.images_per_row=0, or a model without a vision tower)")
     ids, weights, in_content = [], [], False
 
     def add(tokens, weight):
@@ -392,7 +388,7 @@ class ChatEncoder:
         if part == _IMAGE:
           add(self._encode(markup), int(is_assistant))
           # Never trained on.
-          add(self.image_ids if image_ids is None else next(next_image), 0)
+          add(next(next_image), 0)
           markup = ""
           continue
         if not in_content or self._literal_re is None:

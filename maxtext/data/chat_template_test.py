@@ -167,7 +167,8 @@ class ImagePartsTest(absltest.TestCase):
     self.tok = tokenizer_lib.load_tokenizer(assets.default_tokenizer())
     self.image_ids = [7, 8, 8, 9]
     self.encoder = chat_template.ChatEncoder(
-        chat_template.TEMPLATES["gemma"], self.tok, image_ids=self.image_ids)
+        chat_template.TEMPLATES["gemma"], self.tok)
+    self.both_images = [self.image_ids] * 2
     self.parts = [{"type": "image", "path": "a.png"},
                   {"type": "image", "image": b"\x89PNG"}]
     self.messages = [
@@ -178,7 +179,7 @@ class ImagePartsTest(absltest.TestCase):
         {"role": "assistant", "content": "The colour."}]
 
   def test_images_become_their_ids_untrained(self):
-    ids, weights = self.encoder.encode(self.messages)
+    ids, weights = self.encoder.encode(self.messages, self.both_images)
     starts = [i for i in range(len(ids))
               if ids[i:i + len(self.image_ids)] == self.image_ids]
     self.assertLen(starts, 2)
@@ -200,34 +201,28 @@ class ImagePartsTest(absltest.TestCase):
 
   def test_each_image_its_own_ids(self):
     """Ids that depend on the image (Llama 4's tiles) take each image part's
-    place in order, also without the encoder's own; a count that differs
-    from the parts' is refused."""
-    text_only = chat_template.ChatEncoder(chat_template.TEMPLATES["gemma"],
-                                          self.tok)
+    place in order; a count that differs from the parts' is refused."""
     per_image = [[7, 8, 9], [7, 8, 8, 8, 8, 9]]
-    for encoder in (self.encoder, text_only):
-      ids, weights = encoder.encode(self.messages, per_image)
-      self.assertEqual(ids.count(8), 5)
-      self.assertEqual([weights[i] for i, t in enumerate(ids) if t == 8],
-                       [0] * 5)
-      prompt = encoder.prompt(self.messages[:1], per_image)
-      self.assertEqual(prompt.count(8), 5)
+    ids, weights = self.encoder.encode(self.messages, per_image)
+    self.assertEqual(ids.count(8), 5)
+    self.assertEqual([weights[i] for i, t in enumerate(ids) if t == 8],
+                     [0] * 5)
+    prompt = self.encoder.prompt(self.messages[:1], per_image)
+    self.assertEqual(prompt.count(8), 5)
     with self.assertRaisesRegex(chat_template.ChatTemplateError,
                                 "1 images' ids given for 2 image parts"):
       self.encoder.encode(self.messages, per_image[:1])
 
   def test_prompt(self):
-    ids = self.encoder.prompt(self.messages[:1])
+    ids = self.encoder.prompt(self.messages[:1], self.both_images)
     self.assertEqual(ids.count(7), 2)
     self.assertTrue(self.tok.decode(ids).rstrip().endswith(
         "<start_of_turn>model"), self.tok.decode(ids))
 
   def test_errors(self):
-    text_only = chat_template.ChatEncoder(chat_template.TEMPLATES["gemma"],
-                                          self.tok)
     with self.assertRaisesRegex(chat_template.ChatTemplateError,
                                 "images are off"):
-      text_only.encode(self.messages)
+      self.encoder.encode(self.messages)
     with self.assertRaisesRegex(chat_template.ChatTemplateError,
                                 "message 0 has a part"):
       self.encoder.encode([{"role": "user", "content": [{"type": "audio"}]},

@@ -26,7 +26,8 @@ _TOKENS_PER_IMAGE = 4
 _SETTINGS = images.ImageSettings(height=8, width=8)
 _INPUTS = images.ImageInputs(
     _SETTINGS, lambda encode, grid: [_START] +
-    [_PLACEHOLDER] * _TOKENS_PER_IMAGE + [_END])
+    [_PLACEHOLDER] * _TOKENS_PER_IMAGE + [_END],
+    lambda image: (images.preprocess(image, _SETTINGS)[None], None))
 
 
 def _config(**overrides) -> DataConfig:
@@ -220,7 +221,7 @@ class ImagePipelineTest(parameterized.TestCase):
                    max_document_tokens=4, images_per_row=1)
     with self.assertRaisesRegex(ValueError, "image_field='x' needs image"):
       _config(images_per_row=0, image_field="x")
-    reader = images.ImageReader(_SETTINGS, self.dir, 2)
+    reader = images.ImageReader(_SETTINGS, self.dir, 2, _INPUTS.pixels)
     with self.assertRaisesRegex(ValueError, "1 image parts without data .*"
                                 "and 2 images in the record's image column"):
       reader.read([{"type": "image"}], [b"a", b"b"])

@@ -30,6 +30,7 @@ import base64
 import binascii
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
+import functools
 import io
 import os
 from typing import Any
@@ -191,13 +192,19 @@ class ImageInputs:
       family's `image_prompt_ids` bound to its vision config; `grid`: the
       image's tiles as `pixels` gives them, or None).
     pixels: image -> (what the tower takes of it [n, h, w, 3], its grid of
-      tiles or None) (Llama 4's tiles: `image_tiles.model_pixels`); None:
-      `preprocess`, one image per slot.
+      tiles or None) (`image_tiles.model_pixels`: one preprocessed image,
+      or Llama 4's tiles).
   """
 
   settings: ImageSettings
   prompt_ids: Callable[[Callable[[str], list[int]], Any], list[int]]
-  pixels: Callable[[Image.Image], tuple[np.ndarray, Any]] | None = None
+  pixels: Callable[[Image.Image], tuple[np.ndarray, Any]]
+
+  def ids_for(self, tokenizer: Any) -> Callable[[Any], list[int]]:
+    """grid -> the ids an image part becomes, with `tokenizer` (special
+    tokens allowed); picklable into grain workers."""
+    return functools.partial(self.prompt_ids, functools.partial(
+        tokenizer.encode, allow_special=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,14 +216,13 @@ class ImageReader:
     image_dir: Where relative paths are ("" : they are refused).
     per_row: Most image slots of one document (`data.images_per_row`;
       Llama 4: tiles).
-    pixels: What the tower takes of one image (`ImageInputs.pixels`); None:
-      `preprocess`, one slot.
+    pixels: What the tower takes of one image (`ImageInputs.pixels`).
   """
 
   settings: ImageSettings
   image_dir: str
   per_row: int
-  pixels: Callable[[Image.Image], tuple[np.ndarray, Any]] | None = None
+  pixels: Callable[[Image.Image], tuple[np.ndarray, Any]]
 
   def read(self, parts: Sequence[Mapping[str, Any]],
            column: Sequence[Any] | None = None
@@ -247,7 +253,7 @@ class ImageReader:
           f"{len(column)} images in the record's image column; they pair up "
           "in order, so the counts must match")
     column_parts = iter(column)
-    read = [self._pixels(load(*self._source(
+    read = [self.pixels(load(*self._source(
         part if _has_data(part) else _as_part(next(column_parts)))))
             for part in parts]
     if not read:
@@ -258,11 +264,6 @@ class ImageReader:
       raise ValueError(f"{len(parts)} images take {len(pixels)} image "
                        f"slots, more than data.images_per_row={self.per_row}")
     return pixels, [grid for _, grid in read]
-
-  def _pixels(self, image: Image.Image) -> tuple[np.ndarray, Any]:
-    if self.pixels is None:
-      return preprocess(image, self.settings)[None], None
-    return self.pixels(image)
 
   def _source(self, part: Mapping[str, Any]) -> tuple[str | bytes, str]:
     """(path or bytes, how errors name it) of an image part."""

@@ -37,7 +37,6 @@ Shapes: B batch (per process), L sequence length.
 """
 
 from collections.abc import Iterator, Mapping
-import functools
 import json
 from typing import Any
 
@@ -218,10 +217,7 @@ def _encoders_and_sources(config: DataConfig, components, *, vocab_size: int,
   chat = reader = image_ids = None
   if config.chat_template:
     if config.images_per_row:
-      # Picklable (grain workers): each image's ids from its grid of tiles.
-      image_ids = functools.partial(
-          image_inputs.prompt_ids,
-          functools.partial(tokenizer.encode, allow_special=True))
+      image_ids = image_inputs.ids_for(tokenizer)
       reader = images_lib.ImageReader(image_inputs.settings, config.image_dir,
                                       config.images_per_row,
                                       image_inputs.pixels)

@@ -22,6 +22,8 @@ import types
 from flax import nnx
 
 from maxtext.common.model_config import ModelConfig
+from maxtext.data import image_tiles
+from maxtext.data import images as images_lib
 from maxtext.models import deepseek2
 from maxtext.models import deepseek3
 from maxtext.models import deepseek3_2
@@ -148,6 +150,19 @@ def family_module(family: str) -> types.ModuleType:
     raise ValueError(
         f"Unknown model family {family!r}; valid families: {sorted(FAMILIES)}.")
   return FAMILIES[family]
+
+
+def image_inputs(cfg: ModelConfig, folder: str) -> images_lib.ImageInputs:
+  """How images reach `cfg`'s vision tower: the preprocessing of its
+  checkpoint `folder` (`images.model_settings`), what the tower takes of an
+  image (`image_tiles.model_pixels`: Llama 4's tiles) and the family's
+  `image_prompt_ids`."""
+  settings = images_lib.model_settings(cfg.vision, folder)
+  return images_lib.ImageInputs(
+      settings,
+      functools.partial(family_module(cfg.family).image_prompt_ids,
+                        cfg.vision),
+      functools.partial(image_tiles.model_pixels, cfg.vision, settings))
 
 
 def hf_block_params(cfg: ModelConfig) -> tuple:

@@ -32,7 +32,6 @@ Shapes: B batch, L length, V vocab.
 
 from collections.abc import Iterator, Sequence
 import dataclasses
-import functools
 import json
 import os
 
@@ -45,7 +44,6 @@ import optax
 from tunix.sft import peft_trainer
 
 from maxtext.common.model_config import ModelConfig
-from maxtext.data import image_tiles
 from maxtext.data import images as images_lib
 from maxtext.data import pipeline
 from maxtext.data.data_config import DataConfig
@@ -168,11 +166,7 @@ def image_inputs(loaded: base_model.LoadedModel,
         f"data.images_per_row={data.images_per_row} needs a model with a "
         f"vision tower; the {loaded.cfg.family} model of {loaded.path} has "
         "none (vision_layers=0).")
-  family = registry.family_module(loaded.cfg.family)
-  settings = images_lib.model_settings(vision, loaded.path)
-  return images_lib.ImageInputs(
-      settings, functools.partial(family.image_prompt_ids, vision),
-      functools.partial(image_tiles.model_pixels, vision, settings))
+  return registry.image_inputs(loaded.cfg, loaded.path)
 
 
 def throughput(config: PosttrainConfig, cfg: ModelConfig, data: DataConfig,
