@@ -27,6 +27,10 @@ Item k leaves the last stage at iteration k + g - 1 and comes back to stage
 values that never reach the outputs, so they add nothing to the gradients.
 Differentiating the scan gives the backward pass in reverse order.
 
+`stage_chunks` lays a stack of layers' state out as those [g, r, ...]
+stage parameters; `maxtext.models.layer_stack.pipeline_blocks` runs a
+model's blocks through `circular`.
+
 The data moving through the stages is any pytree (the residual stream plus,
 e.g., each row's positions and segment ids), every leaf with the microbatch
 rows first.
@@ -42,6 +46,7 @@ from collections.abc import Callable
 import dataclasses
 from typing import Any
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 
@@ -190,3 +195,36 @@ def circular(stage_fn: Callable[[Any, Any], Any], stage_params: Any,
       step, (state_g, inputs_M),
       jnp.arange(num_repeats * num_microbatches + num_stages - 1))
   return outputs_M
+
+
+def stage_chunks(stacked: nnx.State, stages: int, repeats: int) -> nnx.State:
+  """The stage parameters of `circular`: a stack of layers' state (every
+  leaf [l, ...], sharded by its partition spec) as [g, r, l / (g r), ...],
+  layer (i g + s) C + j at [s, i, j], stage s's chunk (of C layers) for
+  pass i.
+
+  Both ends keep the parameter layout (g over `stage`) under
+  `axes.activation_sharding`, so XLA moves each stage's chunks to it, and
+  their gradients back, with one all-to-all (without the first constraint
+  the gradients come back all-gathered) and the schedule's loop never moves
+  weights. Free for R = 1.
+  """
+  rules = axes.current_constrainer()
+
+  def layout(a, names):
+    if rules is None:
+      return a
+    return jax.lax.with_sharding_constraint(
+        a, rules.param_sharding(names, a.shape))
+
+  def to_stages(a, names):
+    names = tuple(names)
+    a_rgl = layout(a, names).reshape(repeats, stages, -1, *a.shape[1:])
+    return layout(a_rgl.swapaxes(0, 1), (axes.LAYERS, None, None, *names[1:]))
+
+  # Under `nnx.capture` the blocks also hold the capture's (empty)
+  # intermediates, which have no partition spec: they stay as they are.
+  captures, stacked = nnx.split_state(stacked, nnx.Intermediate, ...)
+  return nnx.merge_state(captures, jax.tree.map(
+      to_stages, stacked, nnx.get_partition_spec(stacked),
+      is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))

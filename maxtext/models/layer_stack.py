@@ -201,7 +201,7 @@ def pipeline_blocks(cfg: ModelConfig, execution: execution_lib.Execution,
   chunk = cfg.num_layers // (stages * repeats)
   split = {name: nnx.split(stack) for name, stack in stacks.items()}
   graphdefs = {name: graphdef for name, (graphdef, _) in split.items()}
-  stage_states = {name: _chunks_by_stage(stacked, stages, repeats)
+  stage_states = {name: pipeline.stage_chunks(stacked, stages, repeats)
                   for name, (_, stacked) in split.items()}
   chunk_pattern = pattern[:chunk]
   distinct = tuple(dict.fromkeys(pattern))
@@ -243,37 +243,6 @@ def pipeline_blocks(cfg: ModelConfig, execution: execution_lib.Execution,
       names=(block_lib.RESIDUAL, row_names,
              None if segment_ids_BL is None else row_names)))
   return axes.constrain(x_BLD, block_lib.RESIDUAL)
-
-
-def _chunks_by_stage(stacked, stages: int, repeats: int):
-  """Stacked layer state [l, ...] as [g, r, l / (g r), ...]: layer
-  (i g + s) C + j at [s, i, j], stage s's chunk (of C layers) for pass i.
-
-  Both ends keep the parameter layout (g over `stage`) under
-  `axes.activation_sharding`, so XLA moves each stage's chunks to it, and
-  their gradients back, with one all-to-all (without the first constraint
-  the gradients come back all-gathered) and the schedule's loop never moves
-  weights. Free for R = 1.
-  """
-  rules = axes.current_constrainer()
-
-  def layout(a, names):
-    if rules is None:
-      return a
-    return jax.lax.with_sharding_constraint(
-        a, rules.param_sharding(names, a.shape))
-
-  def to_stages(a, names):
-    names = tuple(names)
-    a_rgl = layout(a, names).reshape(repeats, stages, -1, *a.shape[1:])
-    return layout(a_rgl.swapaxes(0, 1), (axes.LAYERS, None, None, *names[1:]))
-
-  # Under `nnx.capture` the blocks also hold the capture's (empty)
-  # intermediates, which have no partition spec: they stay as they are.
-  captures, stacked = nnx.split_state(stacked, nnx.Intermediate, ...)
-  return nnx.merge_state(captures, jax.tree.map(
-      to_stages, stacked, nnx.get_partition_spec(stacked),
-      is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
 
 
 def _switch_layer(run_block, block, x_BLD, layers, layer_id):
