@@ -87,6 +87,11 @@ def posttrain_config(method: str) -> ml_collections.ConfigDict:
       checkpoint_every_steps=0,
       max_checkpoints=2,
   ))
+  if method != "distill":
+    # An sft step saved by aot_compile --save for this run, trained with
+    # instead of compiling it (sft only); the sft binary's --compiled flag
+    # sets it.
+    config.train.compiled = ""
 
   config.lora = lora_defaults("full")
   # How the model runs (pipeline parallelism is pre-training's only).

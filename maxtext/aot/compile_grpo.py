@@ -6,11 +6,11 @@ reading any weight: the policy of the `train.load` checkpoint's config (or
 of the `model` section, for a run from scratch), its LoRA adapters and
 optimizer, as `maxtext.aot.compile_tunix` builds them, in a
 `maxtext.rl.policy.PolicyModel` as the RL cluster's actor is. It then
-compiles Tunix's own train step, `PeftTrainer._train_step` with the loss
-`GRPOLearner` gives its actor trainer: the registered policy loss of
-`GRPOConfig.policy_loss_fn` (`algo_core.grpo_loss_fn`: GRPO or GSPO-token
-clipping, KL to the reference, entropy) at the rollout's temperature, with
-the tokenizer's padding and EOS ids, returning (loss, aux).
+compiles the step the actor trainer runs (`maxtext.posttrain.step`) with
+the loss it trains on, `grpo.actor_loss`: Tunix's registered policy loss of
+`GRPOConfig.policy_loss_fn` (GRPO or GSPO-token clipping, KL to the
+reference, entropy) at the rollout's temperature, with the tokenizer's
+padding and EOS ids, returning (loss, aux).
 
 The batch is one policy update's `TrainExample` of rollout shapes:
 `train.rows` prompts x `rl.num_generations` completions, left-padded
@@ -30,7 +30,6 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
-from tunix.rl import function_registry
 from tunix.rl.grpo import grpo_learner
 
 from maxtext.aot import compile_tunix
@@ -100,25 +99,15 @@ def compile_grpo_step(config: RlRunConfig, hardware: topology_lib.Hardware
   """
   runtime = runtime_lib.make_runtime(
       config, devices=grpo.trainer_devices(config, hardware.devices))
-  algo = _algo_config(config)
-  pad_id, eos_id = token_ids(config)
-  policy_loss = function_registry.get_policy_loss_fn(algo.policy_loss_fn)
-
-  # As GRPOLearner binds it (its algo_config argument is not read).
-  def loss_fn(model, train_example, algo_config):
-    del algo_config
-    return policy_loss(model, train_example, algo_config=algo,
-                       pad_id=pad_id, eos_id=eos_id)
-
   model_cfg = (compile_tunix.checkpoint_model_config(config.train.load)
                if config.train.load else
                config.model.replace(scan_layers=False))
   rollout = config.rollout
   return compile_tunix.compile_tunix_step(
       config, hardware, runtime, model_cfg=model_cfg,
-      model_cls=policy_lib.PolicyModel, loss_fn=loss_fn, has_aux=True,
-      gen_model_input_fn=lambda example: {"train_example": example,
-                                          "algo_config": algo},
+      model_cls=policy_lib.PolicyModel,
+      loss_fn=grpo.actor_loss(_algo_config(config), *token_ids(config)),
+      has_aux=True, gen_model_input_fn=grpo.actor_inputs,
       batch=_train_example(config),
       rows=config.train.rows * config.rl.num_generations,
       seq_len=rollout.max_prompt_length + rollout.max_new_tokens)

@@ -3,8 +3,11 @@ time is Tunix's jitted step.
 
 On cpu:8 (data 2 x fsdp 4) the compiled step, run on the real model and
 optimizer of a tiny Llama checkpoint, gives the same loss, gradient norm and
-updated parameters as `PeftTrainer.jit_train_and_eval_step` (full fine-tuning
-and LoRA); a v5e:2x2 TPU slice compiles on this CPU host.
+updated parameters as Tunix's own `PeftTrainer.jit_train_and_eval_step`
+(full fine-tuning and LoRA). Saved (`aot_compile --save`) and trained with
+(`sft --compiled`), it gives the losses and trained weights of sft compiling
+its own step, bit for bit, and a file saved for another run is refused. A
+v5e:2x2 TPU slice compiles on this CPU host.
 
 Needs 8 CPU devices (JAX_NUM_CPU_DEVICES=8).
 """
@@ -24,10 +27,12 @@ from tunix.sft import peft_trainer
 from maxtext.aot import compile_sft
 from maxtext.aot import compile_step
 from maxtext.aot import compile_tunix
+from maxtext.aot import saved_step
 from maxtext.aot import topology
 from maxtext.data import caption_task
 from maxtext.data import pipeline
 from maxtext.metrics import flops
+from maxtext.metrics import writers
 from maxtext.posttrain import base_model
 from maxtext.posttrain import posttrain_testing as pt
 from maxtext.posttrain import runtime as runtime_lib
@@ -115,6 +120,67 @@ class CompileSftTest(parameterized.TestCase):
                  nnx.to_pure_dict(nnx.state(trainer.model, nnx.Param)))
     return compiled
 
+  @parameterized.parameters(dict(mode="full"), dict(mode="lora", rank=4))
+  def test_sft_trains_bit_for_bit_with_the_saved_step(self, **lora):
+    """`aot_compile --save` then `sft --compiled` (train.compiled) against
+    sft compiling its own step: the same losses and trained weights."""
+    devices.require_devices(8)
+    saved_step.disable_compilation_cache()  # As aot_compile --save does.
+    config = self._config(**lora)
+    path = os.path.join(self.create_tempdir().full_path, "sft_step.zip")
+    compiled = compile_sft.compile_sft_step(config,
+                                            topology.hardware_for("cpu:8"))
+    compile_sft.save(path, compiled, config)
+
+    runs = {}
+    for name, file in (("jitted", ""), ("loaded", path)):
+      run_config = dataclasses.replace(
+          config, train=dataclasses.replace(config.train, compiled=file))
+      workdir = self.create_tempdir(name).full_path
+      result = sft.run_sft(run_config, workdir)
+      train_step, _ = result.trainer.jit_train_and_eval_step()
+      runs[name] = (nnx.to_pure_dict(nnx.state(result.model.model,
+                                               nnx.Param)),
+                    _losses(workdir), getattr(train_step.func, "compiled",
+                                              None))
+    (jitted, jitted_losses, none), (loaded, loaded_losses, executable) = (
+        runs.values())
+    # The loaded run called the executable read from the file.
+    self.assertIsNone(none)
+    self.assertIsInstance(executable, nnx.transforms.compilation.Compiled)
+    self.assertLen(loaded_losses, 2)
+    self.assertEqual(loaded_losses, jitted_losses)
+    jax.tree.map(np.testing.assert_array_equal, loaded, jitted)
+    start = base_model.load_model(config.train.load, lora=config.lora,
+                                  seed=config.train.seed)
+    moved = jax.tree.map(
+        lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
+        nnx.to_pure_dict(nnx.state(start.model, nnx.Param)), loaded)
+    self.assertTrue(any(jax.tree.leaves(moved)))
+
+  def test_sft_refuses_a_step_saved_for_another_run(self):
+    devices.require_devices(8)
+    saved_step.disable_compilation_cache()
+    config = self._config()
+    path = os.path.join(self.create_tempdir().full_path, "sft_step.zip")
+    compile_sft.save(path, compile_sft.compile_sft_step(
+        config, topology.hardware_for("cpu:8")), config)
+    other = dataclasses.replace(
+        config,
+        optimizer=dataclasses.replace(config.optimizer, learning_rate=3e-3),
+        train=dataclasses.replace(config.train, compiled=path))
+    with self.assertRaisesRegex(
+        saved_step.MismatchError,
+        r"config.optimizer.learning_rate: compiled for 0.01, this run"
+        r" 0.003"):
+      sft.run_sft(other, self.create_tempdir().full_path)
+    broken = os.path.join(self.create_tempdir().full_path, "broken.zip")
+    with open(broken, "wb") as f:
+      f.write(b"not a zip")
+    with self.assertRaisesRegex(OSError, "is not a train step saved by"):
+      sft.run_sft(dataclasses.replace(config, train=dataclasses.replace(
+          config.train, compiled=broken)), self.create_tempdir().full_path)
+
   def test_tpu_slice_compiles_on_this_host(self):
     config = self._config()
     hardware = topology.hardware_for("v5e:2x2")
@@ -133,6 +199,13 @@ class CompileSftTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "train.method='dpo': aot_compile"
                                 " compiles the 'sft' post-training step"):
       compile_sft.compile_sft_step(dpo, topology.hardware_for("v5e:2x2"))
+
+
+def _losses(workdir: str) -> list[float]:
+  """train/loss of each logged step of the run in `workdir`."""
+  metrics = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  return [m["train/loss"] for _, m in sorted(metrics.items())
+          if "train/loss" in m]
 
 
 if __name__ == "__main__":

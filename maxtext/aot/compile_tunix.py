@@ -1,16 +1,18 @@
-"""Compiles a Tunix trainer's train step for a target, without weights.
+"""Compiles a post-training trainer's train step for a target, without
+weights.
 
-What the post-training steps share (`compile_sft`: Tunix's `PeftTrainer`
-with `sft_loss`; `compile_grpo`: the actor trainer of Tunix's GRPO learner):
+What the post-training steps share (`compile_sft`: the sft trainer's step
+with `sft_loss`; `compile_grpo`: the GRPO actor trainer's step):
 `compile_tunix_step` builds the model of a `ModelConfig` as
 `base_model.load_model` builds it (unscanned, LoRA/QLoRA adapters as `lora`
 asks, parameter metadata in mesh axes, wrapped in a `TunixModel` class) and
 its `nnx.Optimizer` (the run's optimizer, `optax.MultiSteps` with
 `train.microbatches`, over the adapters only under LoRA), all as abstract
 arrays laid out on the target's mesh by their partition specs (the layout
-Tunix gives them). It then lowers and compiles Tunix's own train step,
-`PeftTrainer._train_step` with the given loss, under `nnx.jit` with the
-optimizer donated, as `PeftTrainer.jit_train_and_eval_step` does, on one
+Tunix gives them). It then lowers and compiles the step the trainers run,
+`maxtext.posttrain.step.train_step` with the given loss (our trainers jit
+it through `tunix_hooks.run_our_step`), under `nnx.jit` with the optimizer
+donated, as Tunix's `PeftTrainer.jit_train_and_eval_step` jits it, on one
 abstract batch laid out as Tunix's `shard_input` lays out the trainer's
 inputs. `analyse` gives the same memory, FLOPs and collectives report as
 the `train` step (`maxtext.aot.compile_step`).
@@ -18,17 +20,13 @@ the `train` step (`maxtext.aot.compile_step`).
 
 from collections.abc import Callable
 import dataclasses
-import functools
 import time
 from typing import Any
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from tunix.sft import peft_trainer
-from tunix.sft import sharding_utils
 
 from maxtext.aot import compile_step
 from maxtext.aot import topology as topology_lib
@@ -39,19 +37,21 @@ from maxtext.models import execution as execution_lib
 from maxtext.models import registry
 from maxtext.posttrain import adapter
 from maxtext.posttrain import base_model
+from maxtext.posttrain import compiled_step
 from maxtext.posttrain import lora as lora_lib
 from maxtext.posttrain import runtime as runtime_lib
+from maxtext.posttrain import step as step_lib
 from maxtext.sharding import rules as rules_lib
 
 
 @dataclasses.dataclass(frozen=True)
 class CompiledTunixStep:
-  """A compiled Tunix train step and what it was built from.
+  """A compiled post-training train step and what it was built from.
 
   Attributes:
     step: The compiled step, its target and mesh (`inputs` is None).
     nnx_compiled: The `nnx.jit` compiled step: on CPU targets it runs here,
-      called as `(model, optimizer, batch)` like Tunix's jitted step
+      called as `(model, optimizer, batch)` like the trainer's jitted step
       (updates model and optimizer in place, returns (loss, aux,
       grad_norm)); the model and optimizer must have the graph definition
       of `abstract` (`merge`), the batch the layout of `batch` (`put`).
@@ -112,7 +112,7 @@ def _abstract_model(cfg: ModelConfig, lora: lora_lib.LoraConfig, seed: int,
     model = registry.create_model(
         cfg, rngs=nnx.Rngs(seed), execution=dataclasses.replace(
             execution, remat=remat.RematConfig()) if adapted else execution)
-    base_model._to_mesh_axes(model, rules)  # pylint: disable=protected-access
+    base_model.to_mesh_axes(model, rules)
     if adapted:
       model = lora_lib.apply_lora(model, lora, seed=seed,
                                   example_tokens=jnp.zeros((1, 8), jnp.int32))
@@ -138,36 +138,6 @@ def _placed(tree, mesh: jax.sharding.Mesh):
   return nnx.merge(graphdef, state)
 
 
-def _tunix_input(batch: Any, mesh: jax.sharding.Mesh,
-                 data_sharding_axis: tuple[Any, ...]) -> Any:
-  """The abstract `batch` laid out as Tunix's `shard_input` lays out a real
-  one (`sharding_utils.get_sharding`: replicated where an array has too
-  few dimensions or does not divide)."""
-
-  def place(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
-    # A zero-strided array of the shape: get_sharding reads only its shape.
-    like = np.broadcast_to(np.zeros((), x.dtype), x.shape)
-    return jax.ShapeDtypeStruct(
-        x.shape, x.dtype, sharding=sharding_utils.get_sharding(
-            like, mesh=mesh,
-            pspec=jax.sharding.PartitionSpec(*data_sharding_axis)))
-
-  return jax.tree.map(place, batch)
-
-
-def _tunix_train_step(loss_fn: Callable[..., Any], lora_enabled: bool,
-                      has_aux: bool,
-                      gen_model_input_fn: Callable[[Any], dict[str, Any]]):
-  """Tunix's `PeftTrainer._train_step` with `loss_fn`, bound to a trainer
-  holding only what it reads (a real trainer needs real arrays)."""
-  trainer = peft_trainer.PeftTrainer.__new__(peft_trainer.PeftTrainer)
-  trainer.loss_fn = loss_fn
-  trainer.gen_model_input_fn = gen_model_input_fn
-  trainer._lora_enabled = lora_enabled  # pylint: disable=protected-access
-  trainer._has_aux = has_aux  # pylint: disable=protected-access
-  return functools.partial(peft_trainer.PeftTrainer._train_step, trainer)  # pylint: disable=protected-access
-
-
 def compile_tunix_step(
     config: Any, hardware: topology_lib.Hardware,
     runtime: runtime_lib.Runtime, *, model_cfg: ModelConfig,
@@ -176,7 +146,8 @@ def compile_tunix_step(
     batch: Any, rows: int, seq_len: int,
     tx: optax.GradientTransformation | None = None,
     image_flops: float = 0.0) -> CompiledTunixStep:
-  """Lowers and compiles Tunix's train step (see the module docstring).
+  """Lowers and compiles the trainer's train step (see the module
+  docstring).
 
   Args:
     config: The run's typed config (a `PosttrainConfig` or `RlRunConfig`):
@@ -209,11 +180,11 @@ def compile_tunix_step(
       _abstract_model(model_cfg, config.lora, config.train.seed,
                       runtime.rules, tx, model_cls, config.execution),
       runtime.mesh)
-  lora_enabled = base_model.trainable_filter(model) is nnx.LoRAParam
-  batch = _tunix_input(batch, runtime.mesh,
-                       runtime.data_axes(config.train.rows, seq_len))
+  batch = compiled_step.tunix_layout(
+      batch, runtime.mesh, runtime.data_axes(config.train.rows, seq_len))
   step_fn = nnx.jit(
-      _tunix_train_step(loss_fn, lora_enabled, has_aux, gen_model_input_fn),
+      step_lib.for_model(model, loss_fn, has_aux=has_aux,
+                         gen_model_input_fn=gen_model_input_fn),
       donate_argnames=("optimizer",))
   start = time.perf_counter()
   with runtime.activate():

@@ -1,6 +1,7 @@
 """Saving a compiled train step, and loading it only for the run it fits.
 
-`save_compiled(path, step, experiment)` writes one zip file holding
+`save_compiled(path, step, experiment)` writes one zip file
+(`save_executable`) holding
   executable.bin    the executable (`jax.experimental.serialize_executable`);
   fingerprint.json  what it was compiled for: the config sections that shape
                     the step (model, optimizer, train without the seed, mesh,
@@ -9,7 +10,9 @@
                     shape) and the jax/jaxlib versions.
 `load_compiled(path, experiment, mesh, state, batch)` recomputes the
 fingerprint for the run at hand and refuses a file made for anything else
-with `MismatchError`, listing every differing key with both values. A file is
+with `MismatchError`, listing every differing key with both values
+(`load_executable`). The post-training steps are saved and loaded with the
+same two functions (`maxtext.posttrain.compiled_step`). A file is
 loaded with pickle: load only files you made (jax's own warning).
 """
 
@@ -39,23 +42,15 @@ def _plain(value: Any) -> Any:
   return json.loads(json.dumps(value))
 
 
-def fingerprint(experiment: ExperimentConfig, mesh: jax.sharding.Mesh,
-                keys: tuple[str, ...]) -> dict[str, Any]:
-  """What a compiled step depends on, as plain JSON data."""
-  train = dataclasses.asdict(experiment.train)
-  del train["seed"]  # Initialisation only; not part of the step.
+def fingerprint(config: Mapping[str, Any],
+                mesh: jax.sharding.Mesh) -> dict[str, Any]:
+  """What a compiled step depends on, as plain JSON data: `config` (the
+  config sections that shape the step), the topology of `mesh` and the
+  versions of jax and jaxlib."""
   devices = mesh.devices.flat
   first = next(iter(devices))
   return _plain({
-      "config": {
-          "model": experiment.model.to_dict(),
-          "optimizer": dataclasses.asdict(experiment.optimizer),
-          "train": train,
-          "mesh": dataclasses.asdict(experiment.mesh),
-          "sharding": dataclasses.asdict(experiment.sharding),
-          "batch": {"seq_len": experiment.data.seq_len,
-                    "keys": sorted(keys)},
-      },
+      "config": config,
       "topology": {
           "platform": first.platform,
           "device_kind": first.device_kind,
@@ -66,6 +61,23 @@ def fingerprint(experiment: ExperimentConfig, mesh: jax.sharding.Mesh,
       },
       "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__},
   })
+
+
+def train_config(experiment: ExperimentConfig,
+                 keys: tuple[str, ...]) -> dict[str, Any]:
+  """The sections of `experiment` that shape the train step (model,
+  optimizer, train without the seed, mesh, sharding, the batch's length
+  and keys)."""
+  train = dataclasses.asdict(experiment.train)
+  del train["seed"]  # Initialisation only; not part of the step.
+  return {
+      "model": experiment.model.to_dict(),
+      "optimizer": dataclasses.asdict(experiment.optimizer),
+      "train": train,
+      "mesh": dataclasses.asdict(experiment.mesh),
+      "sharding": dataclasses.asdict(experiment.sharding),
+      "batch": {"seq_len": experiment.data.seq_len, "keys": sorted(keys)},
+  }
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -95,9 +107,52 @@ def differences(saved: Mapping[str, Any],
 def disable_compilation_cache() -> None:
   """Turns JAX's persistent compilation cache off in this process; call it
   before compiling a step to save. An executable that the cache loaded
-  cannot be serialised again (jax 0.10.2 drops its custom calls and the
-  load fails with "Function ... not found")."""
+  does not serialise whole again (jax 0.10.2 drops its custom calls: the
+  load fails with "Function ... not found", or a CPU step's collectives
+  wait forever)."""
   jax.config.update("jax_enable_compilation_cache", False)
+
+
+def save_executable(path: str, compiled: jax.stages.Compiled,
+                    saved_for: Mapping[str, Any]) -> None:
+  """Writes `compiled` and `saved_for` (its `fingerprint`) to `path`.
+
+  Raises:
+    ValueError: the executable cannot be serialised.
+  """
+  payload, _, _ = serialize_executable.serialize(compiled)
+  with zipfile.ZipFile(path, "w") as archive:
+    archive.writestr(_FINGERPRINT, json.dumps(saved_for, indent=1,
+                                              sort_keys=True))
+    archive.writestr(_EXECUTABLE, payload)
+
+
+def load_executable(path: str, current: Mapping[str, Any], in_tree: Any,
+                    out_tree: Any) -> jax.stages.Compiled:
+  """The executable saved in `path` by `save_executable`, for the run whose
+  `fingerprint` is `current`, called with arguments of `in_tree` (`((args,
+  kwargs))`) and returning `out_tree`.
+
+  Raises:
+    MismatchError: `path` was compiled for another config, topology or
+      versions (the message lists each difference).
+    OSError: `path` cannot be read or is not a saved step.
+  """
+  try:
+    with zipfile.ZipFile(path) as archive:
+      saved = json.loads(archive.read(_FINGERPRINT))
+      payload = archive.read(_EXECUTABLE)
+  except (zipfile.BadZipFile, KeyError) as e:
+    raise OSError(f"{path} is not a train step saved by aot_compile --save"
+                  f" ({e}).") from e
+  diffs = differences(saved, current)
+  if diffs:
+    raise MismatchError(
+        f"{path} was compiled for another config or topology; "
+        + "; ".join(diffs) + ". Compile it again for this run (aot_compile"
+        " --save) or train without it.")
+  return serialize_executable.deserialize_and_load(
+      payload, in_tree, out_tree, backend=current["topology"]["platform"])
 
 
 def save_compiled(path: str, step: Any, experiment: ExperimentConfig) -> None:
@@ -108,12 +163,9 @@ def save_compiled(path: str, step: Any, experiment: ExperimentConfig) -> None:
   Raises:
     ValueError: the executable cannot be serialised.
   """
-  payload, _, _ = serialize_executable.serialize(step.compiled)
   keys = tuple(step.inputs.batch_specs)
-  with zipfile.ZipFile(path, "w") as archive:
-    archive.writestr(_FINGERPRINT, json.dumps(
-        fingerprint(experiment, step.mesh, keys), indent=1, sort_keys=True))
-    archive.writestr(_EXECUTABLE, payload)
+  save_executable(path, step.compiled, fingerprint(
+      train_config(experiment, keys), step.mesh))
 
 
 def load_compiled(path: str, experiment: ExperimentConfig,
@@ -137,22 +189,9 @@ def load_compiled(path: str, experiment: ExperimentConfig,
       (the message lists each difference).
     OSError: `path` cannot be read or is not a saved step.
   """
-  try:
-    with zipfile.ZipFile(path) as archive:
-      saved = json.loads(archive.read(_FINGERPRINT))
-      payload = archive.read(_EXECUTABLE)
-  except (zipfile.BadZipFile, KeyError) as e:
-    raise OSError(f"{path} is not a train step saved by aot_compile --save"
-                  f" ({e}).") from e
-  current = fingerprint(experiment, mesh, tuple(batch))
-  diffs = differences(saved, current)
-  if diffs:
-    raise MismatchError(
-        f"{path} was compiled for another config or topology; "
-        + "; ".join(diffs) + ". Compile it again for this run (aot_compile"
-        " --save) or train without it.")
   in_tree = jax.tree.structure(((state, dict(batch)), {}))
   out_tree = jax.tree.structure(
       jax.eval_shape(train_step_lib.train_step, state, dict(batch)))
-  return serialize_executable.deserialize_and_load(
-      payload, in_tree, out_tree, backend=current["topology"]["platform"])
+  return load_executable(
+      path, fingerprint(train_config(experiment, tuple(batch)), mesh),
+      in_tree, out_tree)

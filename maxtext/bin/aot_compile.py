@@ -36,8 +36,9 @@ not part of it:
       --config=configs/grpo.py:smollm2 --config.train.load=ckpts/smollm2 \
       --config.data.files=unread.jsonl --topology=v5e-4
 
---save=FILE writes the compiled step for `train --compiled=FILE`, which
-refuses a file compiled for another config or topology. --sweep compiles
+--save=FILE writes the compiled step for `train --compiled=FILE` (or, for
+an sft config, `sft --compiled=FILE`), which refuses a file compiled for
+another config or topology. --sweep compiles
 several mesh layouts and remat policies and prints them ranked by fit and
 estimated step time.
 """
@@ -73,7 +74,9 @@ _TOPOLOGY = flags.DEFINE_string(
 _NUM_SLICES = flags.DEFINE_integer(
     "num_slices", 1, "TPU slices (or GPU hosts) joined by the network.")
 _SAVE = flags.DEFINE_string(
-    "save", None, "Write the compiled step here, for train --compiled.")
+    "save", None,
+    "Write the compiled step here, for train --compiled (sft --compiled for"
+    " an sft config).")
 _PARAMETERS = flags.DEFINE_bool(
     "parameters", False, "Also print the sharding of every parameter.")
 _SWEEP = flags.DEFINE_bool(
@@ -119,20 +122,30 @@ def _compile(experiment: ExperimentConfig,
 def _compile_posttrain(config, hardware: topology_lib.Hardware) -> None:
   """Compiles the sft step of a post-training config or the GRPO step of
   an RL one (it has an `rl` section)."""
-  if _SAVE.value or _SWEEP.value or _PARAMETERS.value:
-    raise ValueError("--save, --sweep and --parameters work with the train"
-                     " step; for the sft and grpo steps drop them.")
+  if _SWEEP.value or _PARAMETERS.value:
+    raise ValueError("--sweep and --parameters work with the train step;"
+                     " for the sft and grpo steps drop them.")
   if "rl" in config:
+    if _SAVE.value:
+      raise ValueError("--save works with the train and sft steps; grpo"
+                       " compiles its step itself: drop --save.")
     step = compile_grpo.compile_grpo_step(
         RlRunConfig.from_config_dict(config), hardware)
     title = "GRPO step (Tunix GRPOLearner actor)"
   else:
-    step = compile_sft.compile_sft_step(
-        PosttrainConfig.from_config_dict(config), hardware)
+    posttrain = PosttrainConfig.from_config_dict(config)
+    if _SAVE.value:
+      saved_step.disable_compilation_cache()
+    step = compile_sft.compile_sft_step(posttrain, hardware)
     title = "Sft step (Tunix PeftTrainer)"
   report = compile_tunix.analyse(step)
   print(compile_step.format_report(report, step.step, title=title), end="")
   compile_step.check_fits(report, hardware.target.name)
+  if _SAVE.value:
+    path = paths.user_path(_SAVE.value)
+    compile_sft.save(path, step, posttrain)
+    print(f"Saved the compiled step to {path}; train with it: sft"
+          f" --compiled={path}.")
 
 
 def main(argv: list[str]) -> None:

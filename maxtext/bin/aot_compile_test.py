@@ -153,8 +153,8 @@ class AotCompileTest(absltest.TestCase):
     self.assertRegex(result.stdout, r"fits: \d+\.\d% of v5e HBM\.")
     result = _run("--topology=v5e:2x2", "--sweep", config=sft_config)
     self.assertEqual(result.returncode, 1)
-    self.assertIn("--save, --sweep and --parameters work with the train step",
-                  result.stderr)
+    self.assertIn("--sweep and --parameters work with the train step; for the"
+                  " sft and grpo steps drop them.", result.stderr)
 
   def test_grpo_config_compiles_the_grpo_step(self):
     grpo_config = (f"--config={os.path.join(_ROOT, 'configs', 'grpo.py')}",

@@ -11,6 +11,8 @@ workdir, as for train, grpo and distill). The trained model is written to
 --workdir/export (LoRA merged into the base weights), which decode and
 convert_ckpt --to_hf read directly; --config.export.hf=true also writes the
 Hugging Face folder, --config.export.peft_adapter=true a PEFT adapter.
+--compiled=FILE trains with the sft step `aot_compile --save=FILE` compiled
+for the same config and devices, and refuses one compiled for another.
 
 Example (LoRA on a converted SmolLM2-135M-Instruct, see docs/posttrain.md):
 
@@ -31,6 +33,8 @@ from maxtext.common import host_memory
 host_memory.keep_freed_memory(reexec=__name__ == "__main__")
 
 # pylint: disable=wrong-import-position
+from absl import flags
+
 from maxtext.posttrain import binary
 from maxtext.posttrain import sft
 
@@ -40,7 +44,19 @@ _FLAGS = binary.define_binary_flags(
     load_help="The starting checkpoint (sets config.train.load).",
     default_workdir="runs/<config file stem>[_<variant>]")
 
-main = binary.binary_main("sft", sft.run, _FLAGS)
+_COMPILED = flags.DEFINE_string(
+    "compiled", None,
+    "An sft step compiled ahead of time by `aot_compile --save` for this run"
+    " (sets config.train.compiled); refused when it was compiled for"
+    " another.")
+
+
+def _compiled_into(config) -> None:
+  if _COMPILED.value:
+    config.train.compiled = _COMPILED.value
+
+
+main = binary.binary_main("sft", sft.run, _FLAGS, before_run=_compiled_into)
 
 
 def console_main() -> None:

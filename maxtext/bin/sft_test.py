@@ -92,6 +92,18 @@ class SftBinaryTest(absltest.TestCase):
     self.assertTrue(message.startswith(
         "sft: error: ValueError: SFT needs data.chat_template"), message)
 
+  def test_a_file_that_is_no_saved_step_ends_in_one_line(self):
+    with open(os.path.join(self.user_dir, "step.zip"), "wb") as f:
+      f.write(b"PK\x03\x04 truncated")
+    with flagsaver.flagsaver(compiled="step.zip", workdir="notastep"):
+      with self.assertRaises(SystemExit) as caught:
+        self._main()
+    message = caught.exception.code
+    self.assertNotIn("\n", message)
+    self.assertTrue(message.startswith(
+        f"sft: error: OSError: {self.user_dir}/step.zip is not a train step"
+        " saved by aot_compile --save"), message)
+
   def test_a_busy_workdir_is_refused_before_any_work(self):
     busy = os.path.join(self.user_dir, "busy")
     with workdir_lib.exclusive(busy):  # Another run holds it.
@@ -123,7 +135,7 @@ class SftBinaryTest(absltest.TestCase):
   def test_a_rerun_loads_its_train_step_from_the_cache(self):
     env = train_process.cache_env()
     env["BUILD_WORKING_DIRECTORY"] = self.user_dir  # The relative paths.
-    hit = train_process.cache_hit("jit__train_step")
+    hit = train_process.cache_hit("jit_posttrain_step")
 
     def sft_run(workdir, *extra):
       result = subprocess.run(
@@ -140,7 +152,7 @@ class SftBinaryTest(absltest.TestCase):
     log, losses = sft_run("cached_1")
     self.assertNotIn(hit, log)
     cache = os.path.join(self.user_dir, "cached_1", "compilation_cache")
-    self.assertTrue(train_process.cached(cache, "jit__train_step"))
+    self.assertTrue(train_process.cached(cache, "jit_posttrain_step"))
     # Another workdir, the first's cache: the same updates, not compiled.
     log, again = sft_run("cached_2",
                          "--compilation_cache_dir=cached_1/compilation_cache")

@@ -83,7 +83,9 @@ def chunk_segment_ids(positions_BL: jax.Array, chunk: int,
   return jnp.cumsum(starts_BL.astype(jnp.int32), axis=1)
 
 
-def _check_mask_args(mask_BLS, window, segment_ids_BL):
+def check_mask_args(mask_BLS, window, segment_ids_BL):
+  """Raises ValueError when an explicit mask comes with a window or segment
+  ids (the attention functions take one or the other)."""
   if mask_BLS is not None and (window is not None or
                                segment_ids_BL is not None):
     raise ValueError("Give mask_BLS or window/segment_ids_BL, not both: an "
@@ -121,7 +123,7 @@ def reference_attention(
   Returns:
     Attention output [B, L, H, K] in the dtype of `v_BSGK`.
   """
-  _check_mask_args(mask_BLS, window, segment_ids_BL)
+  check_mask_args(mask_BLS, window, segment_ids_BL)
   batch, length, num_heads, head_dim = q_BLHK.shape
   num_kv_heads = k_BSGK.shape[2]
   q_BLGRK = q_BLHK.reshape(batch, length, num_kv_heads,
@@ -183,7 +185,7 @@ def xla_attention(
   if sinks_H is not None:
     raise ValueError("xla_attention has no attention sinks (got sinks_H of "
                      f"shape {sinks_H.shape}); use reference_attention.")
-  _check_mask_args(mask_BLS, window, segment_ids_BL)
+  check_mask_args(mask_BLS, window, segment_ids_BL)
   # One head dim for all three: zero-pad the narrower side (MLA's values),
   # which changes neither the logits nor the kept output columns.
   value_dim = v_BSGK.shape[-1]

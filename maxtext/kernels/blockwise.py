@@ -354,7 +354,7 @@ def blockwise_attention(
     ValueError: a block size is not positive, or `mask_BLS` is combined with
       a window or segment ids.
   """
-  attention._check_mask_args(  # pylint: disable=protected-access
+  attention.check_mask_args(
       mask_BLS, window, segment_ids_BL)
   for name, value in (("block_q", block_q), ("block_kv", block_kv)):
     if value < 1:

@@ -107,7 +107,7 @@ def _place(params: dict[str, Any], cfg: ModelConfig,
       names, params, is_leaf=lambda x: isinstance(x, tuple))
 
 
-def _to_mesh_axes(model: nnx.Module,
+def to_mesh_axes(model: nnx.Module,
                   rules: rules_lib.LogicalRules | None) -> None:
   """Rewrites each parameter's sharding metadata from logical axis names to
   the mesh axes of `rules` (Tunix shards the optimizer state by it)."""
@@ -152,7 +152,7 @@ def load_model(path: str, *, lora: lora_lib.LoraConfig | None = None,
     model = params_checkpoint.model_from_params(
         cfg, params, dataclasses.replace(execution,
                                          remat=remat.RematConfig()))
-    _to_mesh_axes(model, rules)
+    to_mesh_axes(model, rules)
     example = jnp.zeros((1, 8), jnp.int32)
     if adapted:
       model = lora_lib.apply_lora(model, lora, seed=seed,
@@ -164,7 +164,7 @@ def load_model(path: str, *, lora: lora_lib.LoraConfig | None = None,
     model.execution = execution
   else:
     model = params_checkpoint.model_from_params(cfg, params, execution)
-    _to_mesh_axes(model, rules)
+    to_mesh_axes(model, rules)
   return LoadedModel(model=adapter.TunixModel(model, rules), cfg=cfg,
                      checkpoint_cfg=checkpoint_cfg, path=path)
 

@@ -54,6 +54,9 @@ class PosttrainTrainConfig:
       LoRA) every this many updates under <workdir>/tunix_checkpoints; a
       rerun resumes from the newest. 0: only at the end.
     max_checkpoints: Checkpoints kept.
+    compiled: An sft step saved by `aot_compile --save` for this run, to
+      train with instead of compiling it (`maxtext.posttrain.compiled_step`;
+      refused when compiled for another run). "" compiles it.
   """
 
   method: str
@@ -64,11 +67,17 @@ class PosttrainTrainConfig:
   seed: int = 0
   checkpoint_every_steps: int = 0
   max_checkpoints: int = 2
+  compiled: str = paths.field(default="")
 
   def __post_init__(self):
     if self.method not in METHODS:
       raise ValueError(
           f"train.method={self.method!r} is invalid; valid: {METHODS}.")
+    if self.compiled and self.method != "sft":
+      raise ValueError(
+          f"train.compiled={self.compiled!r}: only 'sft' trains with a step"
+          f" compiled ahead of time, not train.method={self.method!r};"
+          " leave it empty.")
     if not self.load:
       raise ValueError("train.load is empty: give the starting checkpoint"
                        " (--load=DIR or --config.train.load=DIR).")

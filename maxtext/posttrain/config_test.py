@@ -88,6 +88,12 @@ class ConfigTest(parameterized.TestCase):
     config.train.microbatches = 3
     with self.assertRaisesRegex(ValueError, "microbatches=3 must divide"):
       PosttrainConfig.from_config_dict(config)
+    config = _loadable(dpo_config, "orpo")
+    config.train.compiled = "/tmp/step.zip"
+    with self.assertRaisesRegex(
+        ValueError, "train.compiled='/tmp/step.zip': only 'sft' trains with a"
+        " step compiled ahead of time, not train.method='orpo'"):
+      PosttrainConfig.from_config_dict(config)
 
   def test_unknown_variant_lists_valid_ones(self):
     with self.assertRaisesRegex(ValueError, "'dora'.*valid variants"):

@@ -38,7 +38,6 @@ import numpy as np
 from tunix.distillation import distillation_trainer
 from tunix.distillation import feature_extraction
 from tunix.distillation import strategies
-from tunix.sft import metrics_logger
 
 from maxtext.common import layer_pattern
 from maxtext.data import pipeline
@@ -46,13 +45,12 @@ from maxtext.layers import remat
 from maxtext.posttrain import base_model
 from maxtext.posttrain import runtime as runtime_lib
 from maxtext.posttrain import sft
+from maxtext.posttrain import tunix_hooks
 from maxtext.posttrain.config import DistillConfig
 from maxtext.posttrain.config import PosttrainConfig
 from maxtext.trainers import train_step
 
 STEP_KEY = "step"
-# Where a SowedModule keeps its module's output.
-_SOW_TAG = feature_extraction.SowedModule._SOW_TAG  # pylint: disable=protected-access
 
 
 def schedule_value(start: float, end: float, kind: str, step: jax.Array,
@@ -134,7 +132,7 @@ def _forward_fn(layers: list[int]):
     for layer in layers:
       group, index = _block_slot(model.model, layer)
       # The sown block output: the residual stream (then cache, aux).
-      value = sown[group][index][_SOW_TAG][0]
+      value = sown[group][index][tunix_hooks.SOW_TAG][0]
       features.append(value[0] if isinstance(value, tuple) else value)
     return {"logits": logits_BLV, "features": jnp.stack(features)}
 
@@ -212,23 +210,21 @@ class _DistillTrainer(distillation_trainer.DistillationTrainer):
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self.gen_model_input_fn = lambda x: x
-    self._aux_names = ("distill/kl", "distill/ce", "distill/feature",
+    self.aux_names = ("distill/kl", "distill/ce", "distill/feature",
                        "distill/teacher_ce", "distill/alpha", "distill/beta")
 
   def _prepare_inputs(self, input_data):
     inputs = {key: input_data[key] for key in pipeline.MODEL_KEYS}
     inputs[STEP_KEY] = np.asarray(self.train_steps, np.int32)
     teacher_output = None
-    if self._mode != metrics_logger.Mode.EVAL:
+    if not tunix_hooks.in_eval(self):
       teacher_output = self.strategy.get_teacher_outputs(self.teacher_model,
                                                          inputs)
     return {"inputs": inputs, "teacher_output": teacher_output}
 
   def _post_process_train_step(self, aux):
-    for name in self._aux_names:
-      values = self._buffered_train_metrics.additional_metrics.setdefault(
-          name, ([], np.mean))[0]
-      values.append(aux[name])
+    for name in self.aux_names:
+      tunix_hooks.buffer_train_metric(self, name, aux[name])
 
 
 def _check_models(student: base_model.LoadedModel,
@@ -278,6 +274,7 @@ def run_distill(config: PosttrainConfig,
         runtime_lib.make_optimizer(config),
         runtime_lib.training_config(config, workdir, runtime, data.seq_len,
                                     cls=distillation_trainer.TrainingConfig))
+    tunix_hooks.run_our_step(trainer, has_aux=True)
     try:
       preempted = runtime_lib.train_until_stopped(
           trainer, sft.model_batches(train_data), eval_data,

@@ -18,6 +18,7 @@ from tunix.sft.dpo import dpo_trainer
 from maxtext.posttrain import base_model
 from maxtext.posttrain import preference_data
 from maxtext.posttrain import runtime as runtime_lib
+from maxtext.posttrain import tunix_hooks
 from maxtext.posttrain.config import PosttrainConfig
 
 
@@ -53,6 +54,7 @@ def run_dpo(config: PosttrainConfig, workdir: str) -> runtime_lib.RunResult:
             cls=dpo_trainer.DPOTrainingConfig, algorithm=method,
             beta=dpo.beta, lambda_orpo=dpo.lambda_orpo,
             label_smoothing=dpo.label_smoothing))
+    tunix_hooks.run_our_step(trainer, has_aux=True)
     preempted = runtime_lib.train_until_stopped(
         trainer, preference_data.PreferenceBatches(pairs, rows,
                                                    config.train.seed),

@@ -45,14 +45,17 @@ from tunix.sft import peft_trainer
 
 from maxtext.common.model_config import ModelConfig
 from maxtext.data import images as images_lib
+from maxtext.data import packing
 from maxtext.data import pipeline
 from maxtext.data.data_config import DataConfig
 from maxtext.metrics import flops
 from maxtext.models import registry
 from maxtext.posttrain import base_model
+from maxtext.posttrain import compiled_step
 from maxtext.posttrain import dpo
 from maxtext.posttrain import rows as rows_lib
 from maxtext.posttrain import runtime as runtime_lib
+from maxtext.posttrain import tunix_hooks
 from maxtext.posttrain.config import PosttrainConfig
 from maxtext.trainers import hooks
 from maxtext.trainers import train_step
@@ -150,6 +153,31 @@ class EvalBatches:
         image_inputs=self.image_inputs), pipeline.model_keys(self.data))
 
 
+def batch_specs(config: PosttrainConfig, cfg: ModelConfig
+                ) -> dict[str, jax.ShapeDtypeStruct]:
+  """One training batch of `config` for model `cfg`, as shapes and dtypes
+  by key (its images at the tower's size with `data.images_per_row`).
+
+  Raises:
+    ValueError: images are asked of a model without a vision tower.
+  """
+  rows, seq_len = config.train.rows, config.data.seq_len
+  per_row = config.data.images_per_row
+  if per_row and not cfg.vision.layers:
+    raise ValueError(
+        f"data.images_per_row={per_row} needs a model with a vision tower;"
+        f" the {cfg.family} model of {config.train.load} has none.")
+  specs = {}
+  for key in pipeline.model_keys(config.data):
+    if key == packing.IMAGES:
+      side = cfg.vision.image_size
+      specs[key] = jax.ShapeDtypeStruct((rows, per_row, side, side, 3),
+                                        jnp.float32)
+    else:
+      specs[key] = jax.ShapeDtypeStruct((rows, seq_len), jnp.int32)
+  return specs
+
+
 def image_inputs(loaded: base_model.LoadedModel,
                  data: DataConfig) -> images_lib.ImageInputs | None:
   """What the pipeline needs to read images for the loaded model (None
@@ -230,6 +258,40 @@ def frozen_vision(optimizer: optax.GradientTransformation
   return optax.chain(frozen, optimizer, frozen)
 
 
+def make_trainer(config: PosttrainConfig, loaded: base_model.LoadedModel,
+                 runtime: runtime_lib.Runtime, workdir: str,
+                 data: DataConfig) -> peft_trainer.PeftTrainer:
+  """The sft trainer of `loaded` (call it within the run's mesh): Tunix's
+  `PeftTrainer` on `sft_loss`, running our step (`tunix_hooks`), the one
+  saved in `train.compiled` if set.
+
+  Raises:
+    saved_step.MismatchError: `train.compiled` was compiled for another
+      run (names each difference).
+    OSError: `train.compiled` is not a saved step.
+  """
+  trainer = peft_trainer.PeftTrainer(
+      loaded.model, make_optimizer(config, loaded.cfg),
+      runtime_lib.training_config(
+          config, workdir, runtime, data.seq_len,
+          throughput=throughput(config, loaded.cfg, data, runtime.mesh.size)))
+  trainer.with_loss_fn(sft_loss)
+  tunix_hooks.run_our_step(trainer, has_aux=False)
+  if config.train.compiled:
+    batch = compiled_step.tunix_layout(
+        batch_specs(config, loaded.cfg), runtime.mesh,
+        runtime.data_axes(config.train.rows, data.seq_len))
+    try:
+      loaded_step = compiled_step.load(config.train.compiled, config,
+                                       loaded.cfg, trainer, runtime.mesh,
+                                       batch)
+    except BaseException:  # Its metrics files closed, then re-raised.
+      trainer.close()
+      raise
+    tunix_hooks.run_compiled_step(trainer, loaded_step)
+  return trainer
+
+
 def run_sft(config: PosttrainConfig,
             workdir: str) -> runtime_lib.RunResult:
   """Fine-tunes `train.load` on `config.data`."""
@@ -241,17 +303,10 @@ def run_sft(config: PosttrainConfig,
                                  execution=config.execution)
   vocab_size = loaded.cfg.vocab_size
   images = image_inputs(loaded, data)
-  optimizer = make_optimizer(config, loaded.cfg)
   with runtime.activate():
     train_data = pipeline.make_train_pipeline(
         data, batch_size=rows, vocab_size=vocab_size, image_inputs=images)
-    trainer = peft_trainer.PeftTrainer(
-        loaded.model, optimizer,
-        runtime_lib.training_config(
-            config, workdir, runtime, data.seq_len,
-            throughput=throughput(config, loaded.cfg, data,
-                                  runtime.mesh.size)))
-    trainer.with_loss_fn(sft_loss)
+    trainer = make_trainer(config, loaded, runtime, workdir, data)
     eval_data = (EvalBatches(data, rows, vocab_size, images)
                  if data.eval_every_steps else None)
     try:

@@ -31,6 +31,7 @@ import functools
 import os
 import random
 import shutil
+from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
@@ -40,6 +41,7 @@ from flax import nnx
 import jax
 import ml_collections
 import numpy as np
+from tunix.rl import function_registry
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 from tunix.rl.rollout import base_rollout
@@ -51,6 +53,7 @@ from maxtext.models import registry
 from maxtext.posttrain import base_model
 from maxtext.posttrain import rows as rows_lib
 from maxtext.posttrain import runtime as runtime_lib
+from maxtext.posttrain import tunix_hooks
 from maxtext.rl import jax_rollout
 from maxtext.rl import policy as policy_lib
 from maxtext.rl import rewards as rewards_lib
@@ -321,7 +324,35 @@ def make_learner(config: RlRunConfig, workdir: str, *, load: str,
     learner = grpo_learner.GRPOLearner(
         cluster, grpo_config(config), reward_fns,
         metric_fns=_metric_fns(reward_fns, cluster))
+  # The actor trains on our binding of the learner's loss, in our step.
+  actor = cluster.actor_trainer
+  actor.with_loss_fn(actor_loss(learner.algo_config, cluster.rollout.pad_id(),
+                                cluster.rollout.eos_id()), has_aux=True)
+  actor.with_gen_model_input_fn(actor_inputs)
+  tunix_hooks.run_our_step(actor, has_aux=True)
   return learner, loaded
+
+
+def actor_loss(algo: grpo_learner.GRPOConfig, pad_id: int, eos_id: int
+               ) -> Callable[..., tuple[jax.Array, dict[str, jax.Array]]]:
+  """The actor's loss, `loss(model, train_example) -> (loss, aux)`: Tunix's
+  registered policy loss `algo.policy_loss_fn` (GRPO or GSPO-token
+  clipping, KL to the reference, entropy; aux holds kl, pg_clipfrac, ...)
+  with `algo` and the tokenizer's padding and EOS ids, as `GRPOLearner`
+  binds it. `make_learner` trains on it and `aot_compile` compiles it."""
+  policy_loss = function_registry.get_policy_loss_fn(algo.policy_loss_fn)
+
+  def loss(model, train_example):
+    return policy_loss(model, train_example, algo_config=algo,
+                       pad_id=pad_id, eos_id=eos_id)
+
+  return loss
+
+
+def actor_inputs(train_example: grpo_learner.TrainExample
+                 ) -> dict[str, grpo_learner.TrainExample]:
+  """`actor_loss`'s keyword arguments from one policy update's batch."""
+  return {"train_example": train_example}
 
 
 def run(config: ml_collections.ConfigDict,
