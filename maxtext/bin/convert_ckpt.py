@@ -8,10 +8,17 @@ workdir for its latest) and writes config.json, sharded safetensors and the
 tokenizer files, loadable by transformers.AutoModelForCausalLM (a
 vision-language model: by AutoModelForImageTextToText; docs/multimodal.md).
 
+A GGUF file (llama.cpp's format; --gguf) converts the same way, without
+torch or transformers: its metadata becomes the Hugging Face config, its
+tensors are dequantized to --dtype and a byte-level BPE tokenizer becomes
+tokenizer.json (maxtext.checkpoint.gguf_convert).
+
 Examples:
 
   tools/bazel run //maxtext/bin:convert_ckpt -- \
       --hf_dir=~/models/Qwen3-0.6B --out=ckpts/qwen3_0.6b --dtype=bfloat16
+  tools/bazel run //maxtext/bin:convert_ckpt -- \
+      --gguf=SmolLM2-135M-Instruct.Q4_1.gguf --out=ckpts/smollm2
   tools/bazel run //maxtext/bin:convert_ckpt -- --to_hf \
       --checkpoint=runs/gemma3/checkpoints/150 --out=exports/gemma3
 
@@ -26,12 +33,16 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from maxtext.checkpoint import gguf_convert
 from maxtext.checkpoint import hf_convert
 from maxtext.common import cli
 from maxtext.common import paths
 
 _HF_DIR = flags.DEFINE_string(
     "hf_dir", None, "Hugging Face folder (config.json + *.safetensors).")
+_GGUF = flags.DEFINE_string(
+    "gguf", None, "A GGUF file (llama.cpp: llama, qwen2 or qwen3; F32, F16,"
+    " BF16, Q8_0, Q4_0 or Q4_1 tensors) to convert instead of --hf_dir.")
 _OUT = flags.DEFINE_string("out", None, "Output folder.")
 _TO_HF = flags.DEFINE_bool(
     "to_hf", False, "Convert --checkpoint to a Hugging Face folder.")
@@ -58,9 +69,19 @@ def main(argv: list[str]) -> None:
     with cli.errors_in_one_line("convert_ckpt"):
       hf_convert.orbax_to_hf(checkpoint, out,
                              max_shard_size=_MAX_SHARD_SIZE.value)
+  elif _GGUF.value:
+    if _HF_DIR.value or _CHECKPOINT.value:
+      raise app.UsageError("--gguf converts one file: drop --hf_dir and"
+                           " --checkpoint.")
+    path = paths.user_path(_GGUF.value)
+    logging.info("Converting %s to %s.", path, out)
+    with cli.errors_in_one_line("convert_ckpt"):
+      gguf_convert.gguf_to_orbax(path, out, scan_layers=_SCAN_LAYERS.value,
+                                 dtype=_DTYPE.value)
   else:
     if not _HF_DIR.value or _CHECKPOINT.value:
-      raise app.UsageError("Give --hf_dir (or --to_hf with --checkpoint).")
+      raise app.UsageError(
+          "Give --hf_dir or --gguf (or --to_hf with --checkpoint).")
     hf_dir = paths.user_path(_HF_DIR.value)
     logging.info("Converting %s to %s.", hf_dir, out)
     with cli.errors_in_one_line("convert_ckpt"):

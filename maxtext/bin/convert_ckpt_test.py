@@ -95,6 +95,25 @@ class ConvertBinaryTest(absltest.TestCase):
       self.assertEqual(f.read(), '{"model": {}}')
     self.assertEqual(sorted(os.listdir(user_dir)), ["hf", "run"])
 
+  def test_a_truncated_gguf_file_is_refused_in_one_line(self):
+    user_dir = self.create_tempdir().full_path
+    with open(os.path.join(user_dir, "model.gguf"), "wb") as f:
+      # Magic, version 3, 1 tensor, 2 metadata entries, then nothing.
+      f.write(b"GGUF" + (3).to_bytes(4, "little") + (1).to_bytes(8, "little")
+              + (2).to_bytes(8, "little"))
+    with mock.patch.dict(os.environ, {"BUILD_WORKING_DIRECTORY": user_dir}):
+      with flagsaver.flagsaver(gguf="model.gguf", out="ckpt"):
+        with self.assertRaises(SystemExit) as caught:
+          convert_ckpt.main(["convert_ckpt"])
+    self.assertEqual(
+        caught.exception.code,
+        f"convert_ckpt: error: GgufError: {user_dir}/model.gguf is truncated:"
+        " its header needs byte 32, the file has 24.")
+    self.assertEqual(os.listdir(user_dir), ["model.gguf"])
+    with flagsaver.flagsaver(gguf="model.gguf", hf_dir="hf", out="ckpt"):
+      with self.assertRaisesRegex(Exception, "--gguf converts one file"):
+        convert_ckpt.main(["convert_ckpt"])
+
   def test_to_hf_needs_a_checkpoint(self):
     with flagsaver.flagsaver(to_hf=True, out="x"):
       with self.assertRaisesRegex(Exception, "--to_hf needs --checkpoint"):

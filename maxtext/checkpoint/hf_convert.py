@@ -40,6 +40,7 @@ the shards from the shapes). Peak RSS above the imports, measured with
   random Llama shape (642 MB): 748 MB (1.17x) and 381 MB (0.59x).
 """
 
+from collections.abc import Callable, Mapping
 import json
 import os
 import shutil
@@ -91,11 +92,12 @@ def _read_hf_config(hf_dir: str) -> dict[str, Any]:
 def model_config_from_hf_dir(hf_dir: str) -> ModelConfig:
   """Our `ModelConfig` of the Hugging Face folder's `config.json` (of its
   `text_config` for a multimodal model)."""
-  return _model_config(hf_dir, _read_hf_config(hf_dir))
+  return _model_config(os.path.join(hf_dir, HF_CONFIG_FILENAME),
+                       _read_hf_config(hf_dir))
 
 
-def _model_config(hf_dir: str, hf_config: dict[str, Any]) -> ModelConfig:
-  path = os.path.join(hf_dir, HF_CONFIG_FILENAME)
+def _model_config(path: str, hf_config: dict[str, Any]) -> ModelConfig:
+  """Our `ModelConfig` of `hf_config` (read from `path`, named in errors)."""
   try:
     family = registry.family_from_hf_config(hf_config)
     return registry.model_config_from_hf(family, hf_config)
@@ -137,34 +139,61 @@ def hf_to_orbax(hf_dir: str, out_dir: str, *, scan_layers: bool = True,
     exports.ExportTargetError: `out_dir` may not receive the export.
   """
   exports.check_target(out_dir, sources=(hf_dir,))
+  hf_config = _read_hf_config(hf_dir)
+
+  def open_weights() -> Mapping[str, Any]:
+    try:
+      return quantized_weights.dequantized(
+          safetensors_io.open_weights(hf_dir), hf_config,
+          source=os.path.join(hf_dir, HF_CONFIG_FILENAME))
+    except (safetensors_io.WeightsError,
+            quantized_weights.QuantizationError) as e:
+      raise ConversionError(str(e)) from e
+
+  def write_files(folder: str) -> list[str]:
+    copied = _copy_files(hf_dir, folder, EXTRA_FILES)
+    _copy_files(hf_dir, folder, [HF_CONFIG_FILENAME],
+                rename={HF_CONFIG_FILENAME: ORIGINAL_HF_CONFIG_FILENAME})
+    return copied
+
+  return save_hf_weights(hf_config, open_weights, out_dir, source=hf_dir,
+                         config_source=os.path.join(hf_dir,
+                                                    HF_CONFIG_FILENAME),
+                         scan_layers=scan_layers, dtype=dtype,
+                         write_files=write_files)
+
+
+def save_hf_weights(hf_config: dict[str, Any],
+                    open_weights: Callable[[], Mapping[str, Any]],
+                    out_dir: str, *, source: str, config_source: str,
+                    scan_layers: bool, dtype: str,
+                    write_files: Callable[[str], list[str]]) -> ModelConfig:
+  """Writes the model of `hf_config` holding the Hugging Face weights that
+  `open_weights()` gives (read lazily) to `out_dir` as a converted
+  checkpoint, with what `write_files(folder)` writes beside it (returns the
+  names written). `source` is the input (a folder or file, never
+  overwritten) and `config_source` where its config comes from (named in
+  errors). See `hf_to_orbax`."""
+  exports.check_target(out_dir, sources=(source,))
   if dtype not in DTYPES:
     raise ConversionError(f"dtype={dtype!r} is not one of {DTYPES}.")
-  hf_config = _read_hf_config(hf_dir)
-  cfg = _model_config(hf_dir, hf_config).replace(scan_layers=scan_layers,
-                                                 param_dtype=dtype)
-  try:
-    weights = quantized_weights.dequantized(
-        safetensors_io.open_weights(hf_dir), hf_config,
-        source=os.path.join(hf_dir, HF_CONFIG_FILENAME))
-  except (safetensors_io.WeightsError,
-          quantized_weights.QuantizationError) as e:
-    raise ConversionError(str(e)) from e
-  cfg = _without_absent_mtp(cfg, weights, hf_dir)
+  cfg = _model_config(config_source, hf_config).replace(
+      scan_layers=scan_layers, param_dtype=dtype)
+  weights = open_weights()
+  cfg = _without_absent_mtp(cfg, weights, source)
   try:
     model = hf_weights.model_from_hf_weights(cfg, weights)
   except (KeyError, TypeError, ValueError) as e:
     message = e.args[0] if isinstance(e, KeyError) else str(e)
-    raise ConversionError(f"Weights in {hf_dir} do not fit the {cfg.family} "
-                          f"model of its config.json: {message}") from e
+    raise ConversionError(f"Weights in {source} do not fit the {cfg.family} "
+                          f"model of its config: {message}") from e
   params = params_checkpoint.model_params(model)
-  with exports.writing(out_dir, sources=(hf_dir,),
+  with exports.writing(out_dir, sources=(source,),
                        kind="converted") as folder:
     params_checkpoint.save_converted(folder, cfg, params)
-    copied = _copy_files(hf_dir, folder, EXTRA_FILES)
-    _copy_files(hf_dir, folder, [HF_CONFIG_FILENAME],
-                rename={HF_CONFIG_FILENAME: ORIGINAL_HF_CONFIG_FILENAME})
-  logging.info("Converted %s (%s, %d tensors) to %s; copied %s.", hf_dir,
-               cfg.family, len(weights), out_dir, copied or "no extra files")
+    written = write_files(folder)
+  logging.info("Converted %s (%s, %d tensors) to %s; wrote %s.", source,
+               cfg.family, len(weights), out_dir, written or "no extra files")
   return cfg
 
 
