@@ -10,9 +10,9 @@ with (`sft.make_optimizer`: a vision tower frozen), on one batch of
 `train.rows` rows of `data.seq_len` tokens (and, with
 `data.images_per_row`, their images at the tower's size) sharded like
 Tunix's inputs (`compile_tunix.compile_tunix_step`). The sft
-config is recognised by its `train.method` ("sft"; the GRPO step is
-`maxtext.aot.compile_grpo`'s, dpo and distill are not compiled ahead of time
-yet). `save` writes it for `sft --compiled`.
+config is recognised by its `train.method` ("sft"; dpo/orpo are
+`maxtext.aot.compile_preference`'s, distill `compile_distill`'s, the GRPO
+step `compile_grpo`'s). `save` writes it for `sft --compiled`.
 
 Shapes: B batch rows, L length.
 """
@@ -36,9 +36,9 @@ def compile_sft_step(config: PosttrainConfig,
     ValueError: `config` is not an sft config, or its mesh does not fit.
   """
   if config.train.method != "sft":
-    raise ValueError(f"train.method={config.train.method!r}: aot_compile"
-                     " compiles the 'sft' post-training step only (and the"
-                     " grpo step of an RL config).")
+    raise ValueError(f"train.method={config.train.method!r}: this compiles"
+                     " the 'sft' step (compile_preference: dpo and orpo;"
+                     " compile_distill: distill).")
   runtime = runtime_lib.make_runtime(config, devices=hardware.devices)
   rows, seq_len = config.train.rows, config.data.seq_len
   model_cfg = compile_tunix.checkpoint_model_config(config.train.load)
@@ -54,9 +54,9 @@ def compile_sft_step(config: PosttrainConfig,
 def save(path: str, step: compile_tunix.CompiledTunixStep,
          config: PosttrainConfig) -> None:
   """Writes `step` (`compile_sft_step(config, ...)`) to `path` for
-  `sft --compiled` (`maxtext.posttrain.compiled_step`). Compile it with
-  JAX's persistent compilation cache off (`saved_step.
-  disable_compilation_cache`): an executable the cache loaded does not
-  serialise whole."""
+  `sft --compiled` (`maxtext.posttrain.compiled_step`). Compile it in a
+  process with JAX's persistent compilation cache off from the start
+  (`saved_step.disable_compilation_cache`): an executable the cache loaded
+  does not serialise whole."""
   compiled_step.save(path, step.step.compiled, config, step.model_cfg,
                      step.step.mesh, step.batch)

@@ -2,7 +2,8 @@
 weights.
 
 What the post-training steps share (`compile_sft`: the sft trainer's step
-with `sft_loss`; `compile_grpo`: the GRPO actor trainer's step):
+with `sft_loss`; `compile_preference`: DPO/ORPO; `compile_distill`: the
+student's; `compile_grpo`: the GRPO actor trainer's step):
 `compile_tunix_step` builds the model of a `ModelConfig` as
 `base_model.load_model` builds it (unscanned, LoRA/QLoRA adapters as `lora`
 asks, parameter metadata in mesh axes, wrapped in a `TunixModel` class) and
@@ -100,11 +101,12 @@ def _abstract_model(cfg: ModelConfig, lora: lora_lib.LoraConfig, seed: int,
                     rules: rules_lib.LogicalRules,
                     tx: optax.GradientTransformation,
                     model_cls: type[adapter.TunixModel],
-                    execution: execution_lib.Execution
+                    execution: execution_lib.Execution,
+                    prepare: Callable[[nnx.Module], None] | None
                     ) -> tuple[adapter.TunixModel, nnx.Optimizer]:
   """The model `base_model.load_model` builds for `cfg` and `execution`,
-  wrapped in `model_cls`, and its optimizer (sharing it, as in a trainer),
-  abstract."""
+  wrapped in `model_cls` and changed by `prepare` as the trainer changes
+  it, and its optimizer (sharing it, as in a trainer), abstract."""
 
   def build() -> tuple[adapter.TunixModel, nnx.Optimizer]:
     adapted = lora.mode != "full"
@@ -118,6 +120,8 @@ def _abstract_model(cfg: ModelConfig, lora: lora_lib.LoraConfig, seed: int,
                                   example_tokens=jnp.zeros((1, 8), jnp.int32))
       model.execution = execution
     model = model_cls(model, rules)
+    if prepare is not None:
+      prepare(model)
     return model, nnx.Optimizer(model, tx,
                                 wrt=base_model.trainable_filter(model))
 
@@ -145,7 +149,9 @@ def compile_tunix_step(
     has_aux: bool, gen_model_input_fn: Callable[[Any], dict[str, Any]],
     batch: Any, rows: int, seq_len: int,
     tx: optax.GradientTransformation | None = None,
-    image_flops: float = 0.0) -> CompiledTunixStep:
+    image_flops: float = 0.0,
+    prepare: Callable[[nnx.Module], None] | None = None
+) -> CompiledTunixStep:
   """Lowers and compiles the trainer's train step (see the module
   docstring).
 
@@ -169,6 +175,8 @@ def compile_tunix_step(
     tx: The trainer's optimizer (before accumulation); None:
       `runtime.make_optimizer(config)`.
     image_flops: FLOPs of the batch's images in the vision tower.
+    prepare: What the trainer does to its model before making its optimizer
+      (distillation wraps the blocks whose outputs it compares).
 
   Raises:
     compile_step.DoesNotFitError: the TPU compiler ran out of HBM.
@@ -178,7 +186,8 @@ def compile_tunix_step(
     tx = optax.MultiSteps(tx, config.train.microbatches)
   model, optimizer = _placed(
       _abstract_model(model_cfg, config.lora, config.train.seed,
-                      runtime.rules, tx, model_cls, config.execution),
+                      runtime.rules, tx, model_cls, config.execution,
+                      prepare),
       runtime.mesh)
   batch = compiled_step.tunix_layout(
       batch, runtime.mesh, runtime.data_axes(config.train.rows, seq_len))

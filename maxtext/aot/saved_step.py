@@ -106,7 +106,9 @@ def differences(saved: Mapping[str, Any],
 
 def disable_compilation_cache() -> None:
   """Turns JAX's persistent compilation cache off in this process; call it
-  before compiling a step to save. An executable that the cache loaded
+  before the process compiles anything (JAX decides at its first
+  compilation whether to use the cache), when it will save a compiled
+  step. An executable that the cache loaded
   does not serialise whole again (jax 0.10.2 drops its custom calls: the
   load fails with "Function ... not found", or a CPU step's collectives
   wait forever)."""

@@ -18,10 +18,13 @@ jax's CUDA PJRT plugin installed), gpu:8 (attached GPUs) (devices per
 host); --num_slices for several slices (the config's mesh.dcn sizes apply) or
 GPU hosts.
 
-A post-training config (configs/sft.py, recognised by its train.method)
-compiles the sft step instead: Tunix's PeftTrainer step on the model of
-the train.load checkpoint's config (no weights are read), with its LoRA
-adapters and optimizer, as `sft` builds them:
+A post-training config (recognised by its train.method) compiles its
+method's step instead, the one its trainer runs (maxtext.posttrain.step),
+on the model of the train.load checkpoint's config (no weights are read)
+with its LoRA adapters and optimizer: configs/sft.py the sft step,
+configs/dpo.py the DPO/ORPO step (the reference's scoring is not part of
+it), configs/distill.py the distillation step (the teacher's forward pass
+is not part of it; its checkpoint's config gives the outputs' shapes):
 
   tools/bazel run //maxtext/bin:aot_compile -- --config=configs/sft.py:lora \
       --config.train.load=ckpts/llama3_8b --topology=v5e-16
@@ -48,7 +51,9 @@ import sys
 from absl import app
 from absl import flags
 
+from maxtext.aot import compile_distill
 from maxtext.aot import compile_grpo
+from maxtext.aot import compile_preference
 from maxtext.aot import compile_sft
 from maxtext.aot import compile_step
 from maxtext.aot import compile_tunix
@@ -120,11 +125,11 @@ def _compile(experiment: ExperimentConfig,
 
 
 def _compile_posttrain(config, hardware: topology_lib.Hardware) -> None:
-  """Compiles the sft step of a post-training config or the GRPO step of
-  an RL one (it has an `rl` section)."""
+  """Compiles the train step of a post-training config (by its
+  train.method) or the GRPO step of an RL one (it has an `rl` section)."""
   if _SWEEP.value or _PARAMETERS.value:
     raise ValueError("--sweep and --parameters work with the train step;"
-                     " for the sft and grpo steps drop them.")
+                     " for the post-training steps drop them.")
   if "rl" in config:
     if _SAVE.value:
       raise ValueError("--save works with the train and sft steps; grpo"
@@ -134,10 +139,12 @@ def _compile_posttrain(config, hardware: topology_lib.Hardware) -> None:
     title = "GRPO step (Tunix GRPOLearner actor)"
   else:
     posttrain = PosttrainConfig.from_config_dict(config)
-    if _SAVE.value:
-      saved_step.disable_compilation_cache()
-    step = compile_sft.compile_sft_step(posttrain, hardware)
-    title = "Sft step (Tunix PeftTrainer)"
+    method = posttrain.train.method
+    if _SAVE.value and method != "sft":
+      raise ValueError(f"--save works with the train and sft steps, not"
+                       f" train.method={method!r}: drop --save.")
+    compile_fn, title = _POSTTRAIN_STEPS[method]
+    step = compile_fn(posttrain, hardware)
   report = compile_tunix.analyse(step)
   print(compile_step.format_report(report, step.step, title=title), end="")
   compile_step.check_fits(report, hardware.target.name)
@@ -148,9 +155,23 @@ def _compile_posttrain(config, hardware: topology_lib.Hardware) -> None:
           f" --compiled={path}.")
 
 
+# train.method -> (compiles its step, the report's title).
+_POSTTRAIN_STEPS = {
+    "sft": (compile_sft.compile_sft_step, "Sft step (Tunix PeftTrainer)"),
+    "dpo": (compile_preference.compile_preference_step,
+            "DPO step (Tunix DPOTrainer)"),
+    "orpo": (compile_preference.compile_preference_step,
+             "ORPO step (Tunix DPOTrainer)"),
+    "distill": (compile_distill.compile_distill_step,
+                "Distillation step (Tunix DistillationTrainer)"),
+}
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _SAVE.value:
+    saved_step.disable_compilation_cache()  # Before anything compiles.
   with cli.errors_in_one_line("aot_compile"):
     target = topology_lib.parse_topology(_TOPOLOGY.value, _NUM_SLICES.value)
     topology_lib.configure_backend(target)
@@ -159,8 +180,6 @@ def main(argv: list[str]) -> None:
       _compile_posttrain(_CONFIG.value, hardware)
       return
     experiment = ExperimentConfig.from_config_dict(_CONFIG.value)
-    if _SAVE.value:
-      saved_step.disable_compilation_cache()
     if _SWEEP.value:
       _sweep(experiment, hardware)
     else:

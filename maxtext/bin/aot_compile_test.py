@@ -154,7 +154,24 @@ class AotCompileTest(absltest.TestCase):
     result = _run("--topology=v5e:2x2", "--sweep", config=sft_config)
     self.assertEqual(result.returncode, 1)
     self.assertIn("--sweep and --parameters work with the train step; for the"
-                  " sft and grpo steps drop them.", result.stderr)
+                  " post-training steps drop them.", result.stderr)
+
+  def test_dpo_config_compiles_the_dpo_step(self):
+    folder = self.create_tempdir().full_path
+    load = posttrain_testing.write_checkpoint(folder)
+    dpo_config = (f"--config={os.path.join(_ROOT, 'configs', 'dpo.py')}",
+                  f"--config.train.load={os.path.relpath(load, folder)}",
+                  "--config.data.files=unread.jsonl",
+                  "--config.mesh.ici.data=1", "--config.mesh.ici.fsdp=-1")
+    result = _run("--topology=v5e:2x2", config=dpo_config, user_dir=folder)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn("DPO step (Tunix DPOTrainer) on v5e:2x2: 4 x TPU v5 lite,",
+                  result.stdout)
+    result = _run("--topology=v5e:2x2", "--save=step.aot", config=dpo_config,
+                  user_dir=folder)
+    self.assertEqual(result.returncode, 1)
+    self.assertIn("--save works with the train and sft steps, not"
+                  " train.method='dpo': drop --save.", result.stderr)
 
   def test_grpo_config_compiles_the_grpo_step(self):
     grpo_config = (f"--config={os.path.join(_ROOT, 'configs', 'grpo.py')}",

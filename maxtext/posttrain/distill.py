@@ -158,9 +158,18 @@ class DistillStrategy(strategies.BaseStrategy):
     self.teacher_layers = teacher_layers
 
   def pre_process_models(self, student_model, teacher_model):
-    _capture(student_model, self.student_layers)
-    _capture(teacher_model, self.teacher_layers)
+    self.capture_student(student_model)
+    self.capture_teacher(teacher_model)
     return student_model, teacher_model
+
+  def capture_student(self, student_model: nnx.Module) -> None:
+    """Wraps the student's `feature_layers` blocks so they sow their
+    outputs (the trainer does it before making its optimizer)."""
+    _capture(student_model, self.student_layers)
+
+  def capture_teacher(self, teacher_model: nnx.Module) -> None:
+    """Wraps the teacher's `feature_layers` blocks likewise."""
+    _capture(teacher_model, self.teacher_layers)
 
   def post_process_models(self, student_model, teacher_model):
     feature_extraction.unwrap_sowed_modules(student_model)
@@ -209,9 +218,12 @@ class _DistillTrainer(distillation_trainer.DistillationTrainer):
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
+    # The strategy's loss itself (it returns (loss, metrics)): what
+    # aot_compile compiles.
+    self.loss_fn = self.strategy.get_train_loss
     self.gen_model_input_fn = lambda x: x
     self.aux_names = ("distill/kl", "distill/ce", "distill/feature",
-                       "distill/teacher_ce", "distill/alpha", "distill/beta")
+                      "distill/teacher_ce", "distill/alpha", "distill/beta")
 
   def _prepare_inputs(self, input_data):
     inputs = {key: input_data[key] for key in pipeline.MODEL_KEYS}

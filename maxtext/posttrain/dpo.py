@@ -16,6 +16,12 @@ chosen reward is higher), log_probs/chosen, log_probs/rejected, and for ORPO
 odds_ratio, sft_loss and or_loss.
 """
 
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from tunix.rl import common
 from tunix.sft.dpo import dpo_trainer
 
 from maxtext.posttrain import base_model
@@ -45,7 +51,7 @@ def run_dpo(config: PosttrainConfig, workdir: str) -> runtime_lib.RunResult:
                                  seed=config.train.seed, rules=runtime.rules,
                                  execution=config.execution)
   reference = None
-  if method == "dpo" and dpo.reference == "initial":
+  if has_reference(config):
     reference = base_model.load_model(config.train.load,
                                       rules=runtime.rules,
                                       execution=config.execution).model
@@ -60,6 +66,7 @@ def run_dpo(config: PosttrainConfig, workdir: str) -> runtime_lib.RunResult:
             label_smoothing=dpo.label_smoothing))
     # Our DPO/ORPO loss, the papers' (same arguments and metrics as Tunix's).
     trainer.with_loss_fn(preference_loss.loss, has_aux=True)
+    trainer.with_gen_model_input_fn(loss_inputs(config))
     tunix_hooks.run_our_step(trainer, has_aux=True)
     preempted = runtime_lib.train_until_stopped(
         trainer, preference_data.PreferenceBatches(pairs, rows,
@@ -67,3 +74,46 @@ def run_dpo(config: PosttrainConfig, workdir: str) -> runtime_lib.RunResult:
         eval_batches, every=config.train.microbatches)
   return runtime_lib.finish(config, workdir, loaded, trainer,
                             preempted=preempted)
+
+
+def has_reference(config: PosttrainConfig) -> bool:
+  """Whether the run scores a frozen reference (DPO with `dpo.reference`
+  "initial"; ORPO never does)."""
+  return config.train.method == "dpo" and config.dpo.reference == "initial"
+
+
+def loss_inputs(config: PosttrainConfig
+                ) -> Callable[[dpo_trainer.TrainExample], dict[str, Any]]:
+  """`preference_loss.loss`'s keyword arguments from one prepared batch:
+  the method and its settings."""
+  method, dpo = config.train.method, config.dpo
+  settings = ({"lambda_orpo": dpo.lambda_orpo} if method == "orpo" else
+              {"beta": dpo.beta})
+
+  def inputs(example: dpo_trainer.TrainExample) -> dict[str, Any]:
+    return {"train_example": example, "algorithm": method,
+            "label_smoothing": dpo.label_smoothing, **settings}
+
+  return inputs
+
+
+def batch_specs(config: PosttrainConfig) -> dpo_trainer.TrainExample:
+  """One prepared batch (Tunix's `TrainExample`: `train.rows` pairs'
+  chosen rows then rejected rows, left-padded prompts then right-padded
+  responses, the reference's summed log-likelihoods when there is one) as
+  shapes and dtypes."""
+  pairs, dpo = config.train.rows, config.dpo
+  length = dpo.max_prompt_length + dpo.max_response_length
+  # Token ids and masks are int32 (`preference_data`); the positions and
+  # attention mask are what the trainer derives from the mask.
+  tokens = jax.ShapeDtypeStruct((2 * pairs, length), jnp.int32)
+  ref = (jax.ShapeDtypeStruct((pairs,), jnp.float32)
+         if has_reference(config) else None)
+  return dpo_trainer.TrainExample(
+      input_ids=tokens,
+      positions=jax.eval_shape(common.build_positions_from_mask, tokens),
+      attention_mask=jax.eval_shape(common.make_causal_attn_mask, tokens),
+      ref_chosen_logps=ref, ref_rejected_logps=ref,
+      completion_mask=jax.ShapeDtypeStruct(
+          (2 * pairs, dpo.max_response_length), jnp.int32),
+      logits_to_keep=dpo.max_response_length)

@@ -4,13 +4,19 @@ and post-training configs built from the real config files.
 Test-only (builds the checkpoint from a random `transformers` model).
 """
 
+from collections.abc import Iterator
+import contextlib
 import json
 import os
 import sys
+from typing import Any
 from unittest import mock
 import warnings
 
 from absl import flags
+from flax import nnx
+import jax
+import jax.numpy as jnp
 import ml_collections
 import tokenizers
 
@@ -19,6 +25,7 @@ from configs import dpo as dpo_config
 from configs import sft as sft_config
 from maxtext.checkpoint import hf_convert
 from maxtext.data import caption_task
+from maxtext.posttrain import tunix_hooks
 from testing import hf_tiny_models
 
 # Words w0..w{NUM_WORDS-1} have ids 0..; then the template's words, then
@@ -186,3 +193,40 @@ def run_binary_main(main, argv: list[str], user_dir: str) -> None:
   """Runs a binary's `main(argv)` as if started from `user_dir`."""
   with mock.patch.dict(os.environ, {"BUILD_WORKING_DIRECTORY": user_dir}):
     main(argv)
+
+
+@contextlib.contextmanager
+def first_steps() -> Iterator[list[dict[str, Any]]]:
+  """While active, every post-training trainer records its first train
+  step: "state" (a copy of its (model, optimizer) state before the step),
+  "example" (the prepared, sharded batch the step received), "out" ((loss,
+  aux, grad_norm)) and "params" (its parameters after the step, as a pure
+  dict). Yields the list of records, one per trainer."""
+  records = []
+  run_our_step = tunix_hooks.run_our_step
+
+  def recording(trainer, *, has_aux):
+    run_our_step(trainer, has_aux=has_aux)
+    jit_both = trainer.jit_train_and_eval_step
+
+    def jit_train_and_eval_step(skip_jit=False, cache_nnx_graph=False):
+      step, eval_step = jit_both(skip_jit, cache_nnx_graph)
+
+      def first(example):
+        if any(record["trainer"] is trainer for record in records):
+          return step(example)
+        state = jax.tree.map(jnp.copy, nnx.state((trainer.model,
+                                                  trainer.optimizer)))
+        out = step(example)
+        records.append(dict(trainer=trainer, state=state, example=example,
+                            out=out, params=nnx.to_pure_dict(
+                                nnx.state(trainer.model, nnx.Param))))
+        return out
+
+      first.func = step.func  # Tunix reads the step's jitted function.
+      return first, eval_step
+
+    trainer.jit_train_and_eval_step = jit_train_and_eval_step
+
+  with mock.patch.object(tunix_hooks, "run_our_step", recording):
+    yield records
