@@ -1,6 +1,8 @@
 """Tests distillation: the loss against numpy, the schedules, the captured
 features are the chosen blocks' outputs, a cross-family run lowers the
-student's KL to the teacher, and alpha = 0 is plain SFT."""
+student's KL to the teacher (also to an NF4-quantized one, which holds the
+QLoRA paper's NF4 code book times absmax scales), and alpha = 0 is plain
+SFT."""
 
 import dataclasses
 import os
@@ -20,6 +22,7 @@ from maxtext.models import registry
 from maxtext.posttrain import adapter
 from maxtext.posttrain import base_model
 from maxtext.posttrain import distill
+from maxtext.posttrain import lora
 from maxtext.posttrain import posttrain_testing as pt
 from maxtext.posttrain import sft
 from maxtext.posttrain.config import DistillConfig
@@ -187,18 +190,44 @@ class DistillRunTest(absltest.TestCase):
       self.assertGreater(update, 0.0)
       self.assertLess(np.linalg.norm(a - b), 1e-2 * update)
 
-  def test_quantized_teacher(self):
+  def test_quantized_teachers(self):
     tokens = jnp.asarray([[3, 14, 15, 92, 65, 35]], jnp.int32)
     float_teacher = base_model.load_model(self.teacher).model
-    int8_teacher = base_model.load_model(self.teacher, quantize="int8").model
-    kernel = int8_teacher.model.blocks[0].attention.query.kernel
-    self.assertIsInstance(kernel.array, qwix.QArray)
-    self.assertEqual(kernel.array.qvalue.dtype, jnp.int8)
     want, _ = float_teacher(tokens)
-    got, _ = int8_teacher(tokens)
-    diff = float(jnp.abs(got - want).max())
-    print(f"int8 teacher: max |logit diff| = {diff:.3g}")
-    self.assertBetween(diff, 1e-6, 0.1)
+    original = np.asarray(float_teacher.model.blocks[0].mlp.up.kernel[...])
+    for qtype, qvalue_dtype, bound in (("int8", jnp.int8, 0.1),
+                                       ("nf4", jnp.uint4, 1.0)):
+      teacher = base_model.load_model(self.teacher, quantize=qtype).model
+      kernel = teacher.model.blocks[0].mlp.up.kernel
+      self.assertIsInstance(kernel.array, qwix.QArray)
+      self.assertEqual(kernel.array.qvalue.dtype, qvalue_dtype)
+      if qtype == "nf4":
+        pt.assert_nf4(self, kernel.array, original,
+                      np.asarray(lora.dense(kernel)))
+      got, _ = teacher(tokens)
+      diff = float(jnp.abs(got - want).max())
+      print(f"{qtype} teacher: max |logit diff| = {diff:.3g}")
+      self.assertBetween(diff, 1e-6, bound)
+
+  def test_nf4_teacher_is_distilled(self):
+    """The student's KL to the NF4 teacher (its own logits) falls."""
+    config = self._config(15)
+    config.distill.update(alpha=1.0, alpha_end=1.0, temperature=1.0,
+                          teacher_qtype="nf4")
+    result = distill.run(config, os.path.join(self.folder, "nf4"))
+    batch = self._batch(config)
+    teacher = base_model.load_model(self.teacher, quantize="nf4").model.model
+    teacher_logits = np.asarray(teacher(
+        jnp.asarray(batch["inputs"]), jnp.asarray(batch["positions"]),
+        jnp.asarray(batch["segment_ids"])))
+    before = _numpy_kl(teacher_logits, self._logits(self.student, batch),
+                       batch["mask"])
+    after = _numpy_kl(teacher_logits,
+                      self._logits(result.exported["export"], batch),
+                      batch["mask"])
+    print(f"Distillation from an NF4 teacher: KL {before:.4f} ->"
+          f" {after:.4f}")
+    self.assertLess(after, before / 2)
 
   def test_bad_feature_layers_are_named(self):
     config = self._config(1)

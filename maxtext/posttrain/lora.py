@@ -152,7 +152,7 @@ def is_lora(model: nnx.Module) -> bool:
   return bool(jax.tree.leaves(nnx.state(model, nnx.LoRAParam)))
 
 
-def _dense(variable: Any) -> jax.Array:
+def dense(variable: Any) -> jax.Array:
   """The float value of a kernel: a parameter, or a qwix-quantized one."""
   if isinstance(variable, nnx.Variable):
     return variable[...]
@@ -189,7 +189,7 @@ def merged_params(model: nnx.Module, cfg: ModelConfig,
     for name, variable in list(vars(target_module).items()):
       if not isinstance(variable, nnx.Param):
         continue
-      value = _dense(getattr(module, name)).astype(jnp.float32)
+      value = dense(getattr(module, name)).astype(jnp.float32)
       adapters = _adapters(module, name)
       if adapters is not None:
         lora_a, lora_b = adapters

@@ -1,13 +1,17 @@
 """Tests LoRA/QLoRA through a real SFT run on a tiny model: only the
-adapters train, the merged export computes what the adapted model computes,
-and the PEFT adapter rebuilds the merged Hugging Face weights (and is refused
-for an adapter on part of a fused Hugging Face weight)."""
+adapters train, the merged export computes what the adapted model computes
+(with an int8 or NF4 base, per column or in tiles: the NF4 base is the
+QLoRA paper's code book times absmax scales, and the export is the
+dequantized base plus the adapters), and the PEFT adapter rebuilds the
+merged Hugging Face weights (and is refused for an adapter on part of a
+fused Hugging Face weight)."""
 
 import json
 import os
 import tempfile
 
 from absl.testing import absltest
+from absl.testing import parameterized
 from flax import nnx
 import jax.numpy as jnp
 import numpy as np
@@ -121,29 +125,48 @@ class LoraTest(absltest.TestCase):
           mode="lora", module_path="layers/.*"))
 
 
-class QloraTest(absltest.TestCase):
+class QloraTest(parameterized.TestCase):
 
-  def test_int8_base_stays_frozen_and_merges(self):
+  @parameterized.parameters(dict(base_qtype="int8"), dict(base_qtype="nf4"),
+                            dict(base_qtype="nf4", tile_size=16))
+  def test_quantized_base_stays_frozen_and_merges(self, base_qtype,
+                                                  tile_size=0):
     folder = self.create_tempdir().full_path
-    ckpt, result = _run(folder, mode="qlora", base_qtype="int8", rank=4,
-                        alpha=8.0)
+    fields = dict(mode="qlora", base_qtype=base_qtype, tile_size=tile_size,
+                  rank=4, alpha=8.0)
+    ckpt, result = _run(folder, **fields)
     trained = result.model.model.model
-    kernel = trained.blocks[0].mlp.up.kernel
-    self.assertIsInstance(kernel.array, qwix.QArray)
-    self.assertEqual(kernel.array.qvalue.dtype, jnp.int8)
+    up = trained.blocks[0].mlp.up
+    self.assertIsInstance(up.kernel.array, qwix.QArray)
+    self.assertEqual(up.kernel.array.qvalue.dtype,
+                     jnp.int8 if base_qtype == "int8" else jnp.uint4)
+    base = lora.dense(up.kernel)
+    if base_qtype == "nf4":
+      original = base_model.load_model(ckpt).model.model.blocks[0].mlp.up
+      pt.assert_nf4(self, up.kernel.array, np.asarray(original.kernel[...]),
+                    np.asarray(base))
+      # One scale per column, per tile of 16 rows when tiled.
+      rows = original.kernel[...].shape[0]
+      self.assertEqual(up.kernel.array.scale.shape[0],
+                       rows // tile_size if tile_size else 1)
     initial = base_model.load_model(ckpt, lora=lora.LoraConfig(
-        mode="qlora", base_qtype="int8", rank=4, alpha=8.0)).model.model
+        **fields)).model.model
     before, after = _base_variables(initial), _base_variables(trained)
     for path in before:
       np.testing.assert_array_equal(after[path], before[path], str(path))
-    self.assertGreater(
-        float(jnp.abs(trained.blocks[0].mlp.up.kernel_lora_b[...]).max()), 0)
+    self.assertGreater(float(jnp.abs(up.kernel_lora_b[...]).max()), 0)
+    # The export's kernel is the dequantized base plus B A alpha / r.
+    merged = base_model.load_model(result.exported["export"]).model.model
+    np.testing.assert_allclose(
+        merged.blocks[0].mlp.up.kernel[...],
+        base + (up.kernel_lora_a[...] @ up.kernel_lora_b[...]) * 2.0,
+        atol=1e-6)
     merged = params_checkpoint.model_from_params(
         *params_checkpoint.load_params(result.exported["export"]))
     want, _ = result.model.model(_TOKENS)
     diff = float(jnp.abs(merged(_TOKENS) - want).max())
-    print(f"QLoRA merged (dequantized base) vs adapted: max |logit diff| ="
-          f" {diff:.2g}")
+    print(f"QLoRA {base_qtype} (tile {tile_size}) merged vs adapted: max"
+          f" |logit diff| = {diff:.2g}")
     self.assertLess(diff, 1e-4)
 
 

@@ -18,6 +18,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import tokenizers
 
 from configs import distill as distill_config
@@ -230,3 +231,32 @@ def first_steps() -> Iterator[list[dict[str, Any]]]:
 
   with mock.patch.object(tunix_hooks, "run_our_step", recording):
     yield records
+
+
+# The 16 NormalFloat4 values (Dettmers et al. 2023, QLoRA, appendix E).
+NF4 = np.array([
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+    0.07958029955625534, 0.16093020141124725, 0.24611230194568634,
+    0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+    0.7229568362236023, 1.0], np.float32)
+
+
+def assert_nf4(test, qarray, original: np.ndarray,
+               dequantized: np.ndarray) -> None:
+  """Asserts that `qarray` (a qwix array of a [rows, columns] kernel) holds
+  `original` in NF4 as the QLoRA paper defines it: one absmax scale per
+  column and tile of rows, each weight the nearest NF4 value of weight /
+  scale, and `dequantized` = NF4[code] * scale."""
+  codes = np.asarray(qarray.qvalue).astype(np.int64)
+  scale = np.asarray(qarray.scale, np.float32)
+  tiles = scale.shape[0]
+  test.assertEqual(codes.shape, original.shape)
+  absmax = np.abs(original).reshape(tiles, -1, original.shape[1]).max(1)
+  np.testing.assert_allclose(scale, absmax, rtol=1e-6)
+  scale_full = np.repeat(scale, original.shape[0] // tiles, axis=0)
+  x = original / scale_full
+  np.testing.assert_allclose(np.abs(x - NF4[codes]),
+                             np.abs(x[..., None] - NF4).min(-1), atol=1e-6)
+  np.testing.assert_allclose(dequantized, NF4[codes] * scale_full,
+                             rtol=1e-6)
