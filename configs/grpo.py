@@ -8,7 +8,11 @@ one-digit sums as "#### N" (the task and its word tokenizer are written to
   tools/bazel run //maxtext/bin:grpo -- --config=configs/grpo.py
 
 Variants: toy (default), gspo (the toy with the sequence-level ratio and two
-updates per batch), smollm2 (GSM8K-style records {"prompt", "answer"} on a
+updates per batch), dapo (the toy with DAPO's loss: clip-higher bounds 0.2 /
+0.28, token-level aggregation, no KL, the soft overlong penalty on the last
+token of 4; its dynamic sampling is not implemented yet), dr_grpo (the toy
+with Dr. GRPO: advantages without the group std, each completion's loss
+summed and divided by rollout.max_new_tokens, no KL), smollm2 (GSM8K-style records {"prompt", "answer"} on a
 converted SmolLM2-135M-Instruct, chat template applied):
 
   tools/bazel run //maxtext/bin:grpo -- --config=configs/grpo.py:smollm2 \
@@ -25,7 +29,7 @@ import ml_collections
 from configs import llama3
 from configs import sft
 
-VARIANTS = ("toy", "gspo", "smollm2")
+VARIANTS = ("toy", "gspo", "dapo", "dr_grpo", "smollm2")
 
 
 def _toy_model() -> ml_collections.ConfigDict:
@@ -86,10 +90,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       num_iterations=1,
       # KL to the frozen starting model; 0: no reference model.
       beta=0.04,
-      # Clipping of the importance ratio.
+      # Clipping of the importance ratio to [1 - epsilon, 1 + epsilon_high]
+      # (epsilon_high 0: epsilon).
       epsilon=0.2,
+      epsilon_high=0.0,
       kl_loss_mode="kl",
+      # "sequence-mean-token-mean" (GRPO), "token-mean" (DAPO),
+      # "sequence-mean-token-scale" (Dr. GRPO), ...
       loss_agg_mode="sequence-mean-token-mean",
+      # "grpo", "drgrpo" (no std normalisation) or "rloo".
+      advantage_estimator="grpo",
+      # The overlong_penalty reward's buffer (DAPO's L_cache); 0: off.
+      overlong_buffer=0,
       # (reward, weight): maxtext.rl.rewards names or "module:function".
       rewards=(("exact_answer", 1.0), ("answer_format", 0.5)),
       # length_penalty counts the words beyond this.
@@ -119,7 +131,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.export = shared.export
   config.logging = shared.logging
 
-  if variant in ("toy", "gspo"):
+  if variant in ("toy", "gspo", "dapo", "dr_grpo"):
     config.model = _toy_model()
     config.data.source = "toy_arithmetic"
     # About a minute on 2 CPU cores: the mean reward (train/rewards/sum)
@@ -135,6 +147,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.rl.loss_algo = "gspo-token"
     config.rl.num_iterations = 2
     config.train.steps = 40
+  if variant == "dapo":
+    config.rl.update(epsilon=0.2, epsilon_high=0.28, beta=0.0,
+                     loss_agg_mode="token-mean", overlong_buffer=1)
+    config.rl.rewards = (*config.rl.rewards, ("overlong_penalty", 1.0))
+  if variant == "dr_grpo":
+    config.rl.update(advantage_estimator="drgrpo", beta=0.0,
+                     loss_agg_mode="sequence-mean-token-scale")
   if variant == "smollm2":
     config.data.chat_template = "chatml"
     config.optimizer.learning_rate = 3e-6

@@ -34,6 +34,11 @@ TOY_SOURCE = "toy_arithmetic"
 LOSS_ALGOS = ("grpo", "gspo-token")
 ENGINES = ("jax", "vllm")
 KL_MODES = ("kl", "mse_kl", "low_var_kl")
+# Tunix's loss aggregations and advantage estimators.
+LOSS_AGG_MODES = ("token-mean", "sequence-mean-token-mean",
+                  "sequence-mean-token-scale", "seq-mean-token-sum",
+                  "sequence-mean-token-sum-norm")
+ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,10 +144,20 @@ class RlConfig:
     num_iterations: Policy updates per batch of rollouts (mu).
     beta: Weight of the KL to the frozen reference (the starting model);
       0 runs without a reference.
-    epsilon: Clipping of the importance ratio to [1 - eps, 1 + eps].
+    epsilon: Clipping of the importance ratio to [1 - eps, 1 + eps_high].
+    epsilon_high: The upper bound's eps_high (DAPO's clip-higher, e.g.
+      0.28); 0 uses `epsilon` (symmetric, GRPO).
     kl_loss_mode: KL estimator: "kl", "mse_kl" or "low_var_kl".
     loss_agg_mode: Tunix's loss aggregation, e.g. "sequence-mean-token-mean"
-      (GRPO), "token-mean" (DAPO), "sequence-mean-token-scale" (Dr. GRPO).
+      (GRPO: each completion's mean, averaged), "token-mean" (DAPO: every
+      token of the batch alike), "sequence-mean-token-scale" (Dr. GRPO:
+      each completion's sum over rollout.max_new_tokens, averaged).
+    advantage_estimator: "grpo" ((r - group mean) / group std), "drgrpo"
+      (r - group mean: Dr. GRPO) or "rloo" (r - the others' mean).
+    overlong_buffer: The `overlong_penalty` reward's L_cache (DAPO's soft
+      overlong punishment): completions longer than rollout.max_new_tokens
+      - overlong_buffer tokens get a penalty growing linearly to -1 at
+      rollout.max_new_tokens; 0 without that reward.
     rewards: (name, weight) pairs: `maxtext.rl.rewards.REWARDS` names or
       "package.module:function"; the weighted rewards are summed.
     max_words: `length_penalty` counts words beyond this.
@@ -153,8 +168,11 @@ class RlConfig:
   num_iterations: int = 1
   beta: float = 0.04
   epsilon: float = 0.2
+  epsilon_high: float = 0.0
   kl_loss_mode: str = "kl"
   loss_agg_mode: str = "sequence-mean-token-mean"
+  advantage_estimator: str = "grpo"
+  overlong_buffer: int = 0
   rewards: Any = (("exact_answer", 1.0),)
   max_words: int = 16
 
@@ -169,9 +187,16 @@ class RlConfig:
       raise ValueError(f"rl.beta={self.beta!r} must be >= 0.")
     if not self.epsilon > 0:
       raise ValueError(f"rl.epsilon={self.epsilon!r} must be positive.")
-    if self.kl_loss_mode not in KL_MODES:
-      raise ValueError(f"rl.kl_loss_mode={self.kl_loss_mode!r} is invalid;"
-                       f" valid: {KL_MODES}.")
+    if not self.epsilon_high >= 0:
+      raise ValueError(f"rl.epsilon_high={self.epsilon_high!r} must be >= 0"
+                       " (0: rl.epsilon).")
+    sections.check_int("rl.overlong_buffer", self.overlong_buffer, minimum=0)
+    for key, valid in (("kl_loss_mode", KL_MODES),
+                       ("loss_agg_mode", LOSS_AGG_MODES),
+                       ("advantage_estimator", ADVANTAGE_ESTIMATORS)):
+      if getattr(self, key) not in valid:
+        raise ValueError(f"rl.{key}={getattr(self, key)!r} is invalid;"
+                         f" valid: {valid}.")
     try:
       pairs = tuple((str(name), float(weight)) for name, weight in
                     self.rewards)
@@ -277,6 +302,7 @@ class RlRunConfig:
     if built["optimizer"].z_loss:
       raise ValueError("optimizer.z_loss must be 0 in RL (the Tunix losses"
                        " have no z-loss term).")
+    _check_overlong(built["rl"], built["rollout"])
     if not built["train"].load:
       if "model" not in config:
         raise ValueError("train.load is empty and there is no model"
@@ -293,3 +319,19 @@ class RlRunConfig:
     """How the policy and reference models run (RL does not pipeline)."""
     return Execution(attention_kernel=self.attention_kernel,
                      remat=self.remat)
+
+
+def _check_overlong(rl: RlConfig, rollout: RolloutConfig) -> None:
+  """The `overlong_penalty` reward and `rl.overlong_buffer` go together,
+  the buffer within the completion length."""
+  overlong = any(name == "overlong_penalty" for name, _ in rl.rewards)
+  if overlong and not 0 < rl.overlong_buffer <= rollout.max_new_tokens:
+    raise ValueError(
+        f"rl.overlong_buffer={rl.overlong_buffer} must be in 1.."
+        f"rollout.max_new_tokens={rollout.max_new_tokens} with the"
+        " overlong_penalty reward.")
+  if rl.overlong_buffer and not overlong:
+    raise ValueError(
+        f"rl.overlong_buffer={rl.overlong_buffer} is set but rl.rewards has"
+        " no 'overlong_penalty': add ('overlong_penalty', 1.0) or set it to"
+        " 0.")

@@ -231,11 +231,17 @@ def rollout_config(config: RlRunConfig,
 
 
 def grpo_config(config: RlRunConfig) -> grpo_learner.GRPOConfig:
+  """Tunix's algorithm config of the `rl` section."""
   rl = config.rl
-  return grpo_learner.GRPOConfig(
+  algo = grpo_learner.GRPOConfig(
       loss_algo=rl.loss_algo, num_generations=rl.num_generations,
       num_iterations=rl.num_iterations, beta=rl.beta, epsilon=rl.epsilon,
-      kl_loss_mode=rl.kl_loss_mode, loss_agg_mode=rl.loss_agg_mode)
+      kl_loss_mode=rl.kl_loss_mode, loss_agg_mode=rl.loss_agg_mode,
+      advantage_estimator=rl.advantage_estimator)
+  # The upper clipping bound Tunix's policy loss reads (GRPOConfig
+  # documents it; it is not one of its fields).
+  algo.epsilon_high = rl.epsilon_high or rl.epsilon
+  return algo
 
 
 def _metric_fns(reward_fns, cluster: rl_cluster_lib.RLCluster):
@@ -315,8 +321,10 @@ def make_learner(config: RlRunConfig, workdir: str, *, load: str,
       rollout_engine=rollout_engine(config, workdir),
       training_config=training,
       rollout_config=rollout_config(config, tokenizer))
-  reward_fns = rewards_lib.make_reward_fns(config.rl.rewards,
-                                           max_words=config.rl.max_words)
+  reward_fns = rewards_lib.make_reward_fns(
+      config.rl.rewards, max_words=config.rl.max_words,
+      max_length=r.max_new_tokens, overlong_buffer=config.rl.overlong_buffer,
+      completion_lengths=lambda: cluster.rollout.last_lengths)
   with runtime.activate():
     cluster = rl_cluster_lib.RLCluster(
         actor=policy_lib.PolicyModel.of(loaded.model), reference=reference,

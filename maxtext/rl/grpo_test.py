@@ -16,6 +16,7 @@ from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 from tunix.rl import algo_core
+from tunix.rl import function_registry
 from tunix.rl.grpo import grpo_learner
 
 from configs import grpo as grpo_config
@@ -24,6 +25,7 @@ from maxtext.models import registry
 from maxtext.posttrain import runtime
 from maxtext.rl import grpo
 from maxtext.rl import policy
+from maxtext.rl import rollout_base
 from maxtext.rl.config import RlRunConfig
 from testing import devices
 from testing import tiny_configs
@@ -36,9 +38,12 @@ def _np_log_softmax(logits):
   return logits - np.log(np.exp(logits).sum(-1, keepdims=True))
 
 
-def _np_loss(logps_BT, old_BT, mask_BT, advantages_B, loss_algo):
-  """The clipped policy loss of GRPO or GSPO-token ("sequence-mean-token-
-  mean"), from the papers' formulas."""
+def _np_loss(logps_BT, old_BT, mask_BT, advantages_B, loss_algo,
+             eps_high=_EPSILON, aggregation="sequence-mean-token-mean"):
+  """The clipped policy loss of GRPO or GSPO-token (Shao et al. 2024, Zheng
+  et al. 2025), with DAPO's clip-higher bound 1 + eps_high and token-level
+  aggregation (Yu et al. 2025, eq. 8) or Dr. GRPO's sum over a constant
+  length (Liu et al. 2025, eq. 3), from the papers' formulas."""
   log_ratio_BT = logps_BT - old_BT
   if loss_algo == "gspo-token":
     # The sequence's ratio: exp of the mean log-ratio of its tokens.
@@ -47,8 +52,12 @@ def _np_loss(logps_BT, old_BT, mask_BT, advantages_B, loss_algo):
   ratio_BT = np.exp(log_ratio_BT)
   adv_B1 = advantages_B[:, None]
   loss_BT = np.maximum(-adv_B1 * ratio_BT, -adv_B1 * np.clip(
-      ratio_BT, 1 - _EPSILON, 1 + _EPSILON))
-  return ((loss_BT * mask_BT).sum(-1) / mask_BT.sum(-1)).mean()
+      ratio_BT, 1 - _EPSILON, 1 + eps_high)) * mask_BT
+  if aggregation == "token-mean":  # DAPO: every token of the batch alike.
+    return loss_BT.sum() / mask_BT.sum()
+  if aggregation == "sequence-mean-token-scale":  # Dr. GRPO.
+    return (loss_BT.sum(-1) / mask_BT.shape[1]).mean()
+  return (loss_BT.sum(-1) / mask_BT.sum(-1)).mean()
 
 
 class LossTest(parameterized.TestCase):
@@ -107,6 +116,54 @@ class LossTest(parameterized.TestCase):
     self.assertAlmostEqual(self._loss(loss_algo, self.old_BT), want,
                            places=5)
 
+  @parameterized.parameters(("dapo", 0.28, "token-mean"),
+                            ("dr_grpo", _EPSILON,
+                             "sequence-mean-token-scale"))
+  def test_variant_loss_equals_the_formula(self, variant, eps_high,
+                                           aggregation):
+    """The loss the actor trains on (`grpo.actor_loss` of the variant's
+    config) on an off-policy batch, where clip-higher matters."""
+    config = grpo_config.get_config(variant)
+    config.rl.update(num_iterations=2, num_generations=2)
+    algo = grpo.grpo_config(RlRunConfig.from_config_dict(config))
+    algo.temperature = 1.0
+    self.assertEqual(algo.epsilon_high, eps_high)
+    example = grpo_learner.TrainExample(
+        prompt_ids=jnp.asarray(self.prompts_BP),
+        prompt_mask=jnp.asarray(self.prompts_BP != _PAD),
+        completion_ids=jnp.asarray(self.completions_BT),
+        completion_mask=jnp.asarray(self.mask_BT),
+        advantages=jnp.asarray(self.advantages_B),
+        ref_per_token_logps=None,
+        old_per_token_logps=jnp.asarray(self.old_BT, jnp.float32))
+    loss, aux = grpo.actor_loss(algo, _PAD, _EOS)(self.model, example)
+    want = _np_loss(self.logps_BT, self.old_BT, self.mask_BT,
+                    self.advantages_B, "grpo", eps_high, aggregation)
+    self.assertAlmostEqual(float(loss), want, places=5)
+    self.assertGreater(float(aux["pg_clipfrac"]), 0.0)
+    if variant == "dapo":  # The upper bound moved: not GRPO's loss.
+      self.assertGreater(abs(want - _np_loss(
+          self.logps_BT, self.old_BT, self.mask_BT, self.advantages_B,
+          "grpo", _EPSILON, aggregation)), 1e-4)
+
+  @parameterized.parameters("grpo", "drgrpo", "rloo")
+  def test_advantages_equal_the_formulas(self, estimator):
+    rewards_B = np.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.5, 0.0, 2.0],
+                         np.float32)
+    groups = rewards_B.reshape(3, 3)
+    mean = groups.mean(1, keepdims=True)
+    want = {"grpo": (groups - mean) / (groups.std(1, ddof=1,
+                                                  keepdims=True) + 1e-6),
+            "drgrpo": groups - mean,  # Liu et al. 2025: no std.
+            "rloo": groups - (groups.sum(1, keepdims=True) - groups) / 2}
+    config = grpo_config.get_config()
+    config.rl.update(advantage_estimator=estimator, num_generations=3)
+    algo = grpo.grpo_config(RlRunConfig.from_config_dict(config))
+    got = function_registry.get_advantage_estimator(
+        algo.advantage_estimator)(rewards=rewards_B, num_generations=3)
+    np.testing.assert_allclose(np.asarray(got), want[estimator].ravel(),
+                               rtol=1e-6, atol=1e-6)
+
   def test_gspo_differs_from_grpo_only_off_policy(self):
     # One iteration: the old policy is the current one; both ratios are 1.
     self.assertAlmostEqual(self._loss("grpo", None),
@@ -134,6 +191,30 @@ class RunTest(absltest.TestCase):
     self.assertGreater(last, first + 0.2, reward)
     self.assertIn("train/actor/kl", metrics[5])
     self.assertGreater(metrics[5]["train/rollout/tokens_per_s"], 0)
+
+  def test_dapo_toy_penalises_the_rollouts_own_lengths(self):
+    config = grpo_config.get_config("dapo")
+    config.train.steps = 4
+    config.logging.tensorboard = False
+    config.export.merged = False
+    workdir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+    lengths = []
+    output = rollout_base.PolicyRollout._output  # pylint: disable=protected-access
+
+    def recorded(engine, tokens, *args):
+      lengths.append([len(t) for t in tokens])
+      return output(engine, tokens, *args)
+
+    with mock.patch.object(rollout_base.PolicyRollout, "_output", recorded):
+      grpo.run(config, workdir)
+    metrics = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    logged = [metrics[step]["train/rewards/overlong_penalty"]
+              for step in range(4)]
+    # DAPO's penalty with L_max 4 and L_cache 1: -1 at 4 tokens, else 0.
+    want = [np.mean([-1.0 if n == 4 else 0.0 for n in step_lengths])
+            for step_lengths in lengths]
+    np.testing.assert_allclose(logged, want, atol=1e-6)
+    self.assertLess(min(logged), 0.0)  # Some completions ran to the limit.
 
   def test_a_sigterm_saves_the_policy_and_skips_the_export(self):
     config = grpo_config.get_config()
@@ -194,12 +275,26 @@ class RunTest(absltest.TestCase):
              ("rl", "num_generations", 1, "rl.num_generations=1"),
              ("rollout", "engine", "sglang", "rollout.engine='sglang'"),
              ("train", "mini_batch_size", 3,
-              "train.mini_batch_size=3 must divide")]
+              "train.mini_batch_size=3 must divide"),
+             ("rl", "loss_agg_mode", "mean",
+              "rl.loss_agg_mode='mean' is invalid; valid: .'token-mean'"),
+             ("rl", "advantage_estimator", "ppo",
+              "rl.advantage_estimator='ppo' is invalid"),
+             ("rl", "epsilon_high", -0.1, "rl.epsilon_high=-0.1 must be"),
+             ("rl", "overlong_buffer", 2,
+              "rl.overlong_buffer=2 is set but rl.rewards has no"
+              " 'overlong_penalty'")]
     for section, key, value, message in cases:
       config = grpo_config.get_config()
       config[section][key] = value
       with self.assertRaisesRegex(ValueError, message):
         RlRunConfig.from_config_dict(config)
+    config = grpo_config.get_config("dapo")
+    config.rl.overlong_buffer = 5
+    with self.assertRaisesRegex(ValueError, "rl.overlong_buffer=5 must be in"
+                                " 1..rollout.max_new_tokens=4 with the"
+                                " overlong_penalty reward"):
+      RlRunConfig.from_config_dict(config)
     config = grpo_config.get_config("smollm2")
     with self.assertRaisesRegex(ValueError, "train.load is empty"):
       config.data.files = "data.jsonl"

@@ -117,11 +117,9 @@ class JaxRollout(rollout_base.PolicyRollout):
         pad_to=self._pad_to)
     elapsed = time.perf_counter() - start
     self.last_tokens_per_s = sum(map(len, tokens)) / max(elapsed, 1e-9)
-    return base_rollout.RolloutOutput(
-        text=[self._text(t, stop_ids) for t in tokens], logits=None,
-        tokens=[np.asarray(t, np.int32) for t in tokens],
-        left_padded_prompt_tokens=self._left_padded(prompt_ids, max_prompt),
-        logprobs=logprobs)
+    return self._output([np.asarray(t, np.int32) for t in tokens],
+                        [self._text(t, stop_ids) for t in tokens], logprobs,
+                        prompt_ids, max_prompt)
 
   def update_params(self, params: Any, filter_types: Any = None) -> None:
     """Takes the policy's new weights `params` (a state of its variables,

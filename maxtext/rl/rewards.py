@@ -67,10 +67,28 @@ def length_penalty(prompts: Sequence[str], completions: Sequence[str], *,
           for c in completions]
 
 
+def overlong_penalty(prompts: Sequence[str], completions: Sequence[str], *,
+                     completion_lengths: Sequence[int], max_length: int,
+                     buffer: int, **unused) -> list[float]:
+  """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13) of
+  completions of `completion_lengths` tokens: 0 up to `max_length -
+  buffer` tokens, then ((max_length - buffer) - length) / buffer, reaching
+  -1 at `max_length`, and -1 beyond."""
+  del prompts, unused
+  if len(completion_lengths) != len(completions):
+    raise ValueError(f"{len(completion_lengths)} completion lengths for"
+                     f" {len(completions)} completions.")
+  start = max_length - buffer
+  return [0.0 if length <= start else
+          (start - length) / buffer if length <= max_length else -1.0
+          for length in completion_lengths]
+
+
 REWARDS: dict[str, RewardFn] = {
     "exact_answer": exact_answer,
     "answer_format": answer_format,
     "length_penalty": length_penalty,
+    "overlong_penalty": overlong_penalty,
 }
 
 
@@ -96,13 +114,16 @@ def reward_function(name: str) -> RewardFn:
 
 
 def _weighted(fn: RewardFn, weight: float, name: str,
+              per_call: dict[str, Callable[[], Any]] | None = None,
               **settings) -> RewardFn:
-  """`weight * fn(...)`, named `name` (Tunix logs rewards/<name>); the
-  values of its latest call stay in `reward.last_values` (for metrics,
+  """`weight * fn(...)`, named `name` (Tunix logs rewards/<name>), given
+  `settings` and, read at each call, the values of `per_call`'s functions;
+  the values of its latest call stay in `reward.last_values` (for metrics,
   without computing the reward again)."""
 
   def reward(prompts, completions, **kwargs):
-    values = fn(prompts, completions, **settings, **kwargs)
+    current = {key: value() for key, value in (per_call or {}).items()}
+    values = fn(prompts, completions, **settings, **current, **kwargs)
     reward.last_values = [weight * float(v) for v in values]
     return reward.last_values
 
@@ -111,16 +132,30 @@ def _weighted(fn: RewardFn, weight: float, name: str,
 
 
 def make_reward_fns(specs: Sequence[tuple[str, float]], *,
-                    max_words: int = 16) -> list[RewardFn]:
+                    max_words: int = 16, max_length: int = 0,
+                    overlong_buffer: int = 0,
+                    completion_lengths: Callable[[], Sequence[int]]
+                    | None = None) -> list[RewardFn]:
   """The weighted reward functions of `specs` ((name, weight) pairs);
-  `max_words` goes to `length_penalty`."""
+  `max_words` goes to `length_penalty`; `max_length` (the rollout's
+  max_new_tokens), `overlong_buffer` and `completion_lengths` (the latest
+  rollout's completion lengths in tokens) to `overlong_penalty`."""
   if not specs:
     raise ValueError("rl.rewards is empty: give (name, weight) pairs, e.g."
                      " (('exact_answer', 1.0),).")
   fns = []
   for name, weight in specs:
     fn = reward_function(name)
-    settings = ({"max_words": max_words} if fn is length_penalty else {})
     label = name.rpartition(":")[2]
-    fns.append(_weighted(fn, float(weight), label, **settings))
+    if fn is length_penalty:
+      fns.append(_weighted(fn, float(weight), label, max_words=max_words))
+    elif fn is overlong_penalty:
+      if completion_lengths is None:
+        raise ValueError("The overlong_penalty reward needs the rollout's"
+                         " completion lengths.")
+      fns.append(_weighted(fn, float(weight), label,
+                           {"completion_lengths": completion_lengths},
+                           max_length=max_length, buffer=overlong_buffer))
+    else:
+      fns.append(_weighted(fn, float(weight), label))
   return fns

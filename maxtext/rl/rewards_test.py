@@ -35,6 +35,30 @@ class RewardsTest(absltest.TestCase):
     self.assertEqual(rewards.length_penalty([""], ["w " * 20])[0],
                      -4 / 16)
 
+  def test_overlong_penalty_is_dapos_formula(self):
+    """Yu et al. 2025, eq. 13 with L_max 10 and L_cache 4."""
+    lengths = [0, 5, 6, 7, 9, 10, 11]
+
+    def want(length):
+      if length <= 10 - 4:
+        return 0.0
+      return (10 - 4 - length) / 4 if length <= 10 else -1.0
+
+    got = rewards.overlong_penalty([""] * 7, ["c"] * 7,
+                                   completion_lengths=lengths, max_length=10,
+                                   buffer=4)
+    self.assertEqual(got, [want(n) for n in lengths])
+    self.assertEqual(got[2:6], [0.0, -0.25, -0.75, -1.0])
+    latest = [[3, 12]]
+    (fn,) = rewards.make_reward_fns((("overlong_penalty", 0.5),),
+                                    max_length=12, overlong_buffer=6,
+                                    completion_lengths=lambda: latest[0])
+    self.assertEqual(fn(["", ""], ["a", "b"]), [0.0, -0.5])
+    latest[0] = [9, 6]  # Read again at each call: the latest rollout's.
+    self.assertEqual(fn(["", ""], ["a", "b"]), [-0.25, 0.0])
+    with self.assertRaisesRegex(ValueError, "needs the rollout's completion"):
+      rewards.make_reward_fns((("overlong_penalty", 1.0),))
+
   def test_weighted_rewards_are_named_and_summed_by_the_learner(self):
     fns = rewards.make_reward_fns(
         (("exact_answer", 2.0), ("answer_format", 0.5),

@@ -22,9 +22,15 @@ from tunix.rl.rollout import base_rollout
 
 
 class PolicyRollout(base_rollout.BaseRollout):
-  """The engine-independent half of a rollout engine."""
+  """The engine-independent half of a rollout engine.
+
+  Attributes:
+    last_lengths: Tokens of each completion of the latest `generate` (its
+      stop token included), for length-based rewards.
+  """
 
   mesh: jax.sharding.Mesh | None = None
+  last_lengths: tuple[int, ...] = ()
   _policy: nnx.Module
   _tokenizer: Any
   _config: base_rollout.RolloutConfig
@@ -50,6 +56,17 @@ class PolicyRollout(base_rollout.BaseRollout):
     for row, ids in enumerate(prompt_ids):
       prompts_BL[row, max_prompt - len(ids):] = ids
     return prompts_BL
+
+  def _output(self, tokens: list[np.ndarray], texts: list[str],
+              logprobs: Any, prompt_ids: list[list[int]],
+              max_prompt: int) -> base_rollout.RolloutOutput:
+    """The `RolloutOutput` of a `generate`, whose completions' lengths it
+    keeps in `last_lengths`."""
+    self.last_lengths = tuple(len(t) for t in tokens)
+    return base_rollout.RolloutOutput(
+        text=texts, logits=None, tokens=tokens,
+        left_padded_prompt_tokens=self._left_padded(prompt_ids, max_prompt),
+        logprobs=logprobs)
 
   def _text(self, token_ids: list[int], stop_ids) -> str:
     """The text of a completion, without its stop token."""

@@ -233,10 +233,7 @@ class VllmRollout(rollout_base.PolicyRollout):
       texts.append(self._text(ids, stop_ids))
       logprobs.append(np.array(tunix_utils.get_logprobs_from_vllm_output(
           ids, output.outputs[0].logprobs), np.float32))
-    return base_rollout.RolloutOutput(
-        text=texts, logits=None, tokens=tokens,
-        left_padded_prompt_tokens=self._left_padded(prompt_ids, max_prompt),
-        logprobs=logprobs)
+    return self._output(tokens, texts, logprobs, prompt_ids, max_prompt)
 
   def update_params(self, params: jaxtyping.PyTree,
                     filter_types: tuple[Any, ...] | None = None) -> None:
