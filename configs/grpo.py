@@ -8,9 +8,9 @@ one-digit sums as "#### N" (the task and its word tokenizer are written to
   tools/bazel run //maxtext/bin:grpo -- --config=configs/grpo.py
 
 Variants: toy (default), gspo (the toy with the sequence-level ratio and two
-updates per batch), dapo (the toy with DAPO's loss: clip-higher bounds 0.2 /
-0.28, token-level aggregation, no KL, the soft overlong penalty on the last
-token of 4; its dynamic sampling is not implemented yet), dr_grpo (the toy
+updates per batch), dapo (the toy with DAPO: clip-higher bounds 0.2 / 0.28,
+token-level aggregation, no KL, the soft overlong penalty on the last token
+of 4, dynamic sampling over up to 3 batches per update), dr_grpo (the toy
 with Dr. GRPO: advantages without the group std, each completion's loss
 summed and divided by rollout.max_new_tokens, no KL), smollm2 (GSM8K-style records {"prompt", "answer"} on a
 converted SmolLM2-135M-Instruct, chat template applied):
@@ -102,6 +102,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       advantage_estimator="grpo",
       # The overlong_penalty reward's buffer (DAPO's L_cache); 0: off.
       overlong_buffer=0,
+      # DAPO's dynamic sampling: batches of prompts sampled per update, at
+      # most, to replace groups whose rewards are all equal; 0: off.
+      dynamic_sampling_rounds=0,
       # (reward, weight): maxtext.rl.rewards names or "module:function".
       rewards=(("exact_answer", 1.0), ("answer_format", 0.5)),
       # length_penalty counts the words beyond this.
@@ -149,7 +152,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.train.steps = 40
   if variant == "dapo":
     config.rl.update(epsilon=0.2, epsilon_high=0.28, beta=0.0,
-                     loss_agg_mode="token-mean", overlong_buffer=1)
+                     loss_agg_mode="token-mean", overlong_buffer=1,
+                     dynamic_sampling_rounds=3)
     config.rl.rewards = (*config.rl.rewards, ("overlong_penalty", 1.0))
   if variant == "dr_grpo":
     config.rl.update(advantage_estimator="drgrpo", beta=0.0,

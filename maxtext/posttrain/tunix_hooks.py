@@ -11,6 +11,11 @@ the one module that does, so that a Tunix upgrade is checked here.
   `jit_train_and_eval_step` with the loaded step in place of the jitted
   one; Tunix's train loop reads the step's `func.jitted_fn` (to log its
   cache size), which the loaded step gives.
+- `RolloutFilteringLearner`: Tunix's `GRPOLearner` whose batches of
+  rollouts (with their advantages) pass through a function of ours before
+  training, which may sample more (RL's dynamic sampling); it overrides
+  `_generate_and_compute_advantage`, the learner's per-batch rollout and
+  advantage step.
 - `SOW_TAG`: where Tunix's `SowedModule` (feature distillation) keeps the
   output it sows (a private class constant).
 - `in_eval`, `buffer_train_metric`: the trainer's mode and its buffer of
@@ -21,13 +26,16 @@ the one module that does, so that a Tunix upgrade is checked here.
 Checked against google-tunix 0.1.7 (the locked version).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 import dataclasses
 import functools
 from typing import Any
 
+import jax
 import numpy as np
 from tunix.distillation import feature_extraction
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.rl.grpo import grpo_learner
 from tunix.sft import metrics_logger
 from tunix.sft import peft_trainer
 
@@ -73,6 +81,39 @@ class _LoadedStep:
 
   def __call__(self, model, optimizer, batch):
     return self.compiled(model, optimizer, batch)
+
+
+class RolloutFilteringLearner(grpo_learner.GRPOLearner):
+  """`GRPOLearner` training on `keep(batch, more)` of each training batch
+  of rollouts, where `more()` samples and scores the next batch of
+  `prompts` (an iterator of batches as the learner's data gives them);
+  `keep` returns the batch to train on and metrics to log."""
+
+  def __init__(self, *args, keep: Callable[[Any, Callable[[], Any]],
+                                           tuple[Any, dict[str, float]]],
+               prompts: Iterator[dict[str, Any]], **kwargs):
+    super().__init__(*args, **kwargs)
+    self.keep = keep
+    self.prompts = prompts
+
+  def _generate_and_compute_advantage(self, training_input, mode=None):
+    mode = mode or rl_cluster_lib.Mode.TRAIN
+    generate = super()._generate_and_compute_advantage
+    batch = generate(training_input, mode)
+    if mode != rl_cluster_lib.Mode.TRAIN:
+      return batch
+    repeats = self.algo_config.num_generations
+
+    def more():
+      # As the learner's data pipeline repeats each prompt.
+      return generate(jax.tree.map(lambda x: np.repeat(x, repeats, axis=0),
+                                   next(self.prompts)), mode)
+
+    batch, metrics = self.keep(batch, more)
+    self.rl_cluster.buffer_metrics(
+        {name: (value, np.mean) for name, value in metrics.items()},
+        mode=mode)
+    return batch
 
 
 def in_eval(trainer: peft_trainer.PeftTrainer) -> bool:

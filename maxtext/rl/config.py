@@ -154,6 +154,10 @@ class RlConfig:
       each completion's sum over rollout.max_new_tokens, averaged).
     advantage_estimator: "grpo" ((r - group mean) / group std), "drgrpo"
       (r - group mean: Dr. GRPO) or "rloo" (r - the others' mean).
+    dynamic_sampling_rounds: DAPO's dynamic sampling
+      (`maxtext.rl.dynamic_sampling`): groups whose rewards are all equal
+      are replaced by informative groups of further batches of prompts, at
+      most this many batches sampled per update; 0: off.
     overlong_buffer: The `overlong_penalty` reward's L_cache (DAPO's soft
       overlong punishment): completions longer than rollout.max_new_tokens
       - overlong_buffer tokens get a penalty growing linearly to -1 at
@@ -172,6 +176,7 @@ class RlConfig:
   kl_loss_mode: str = "kl"
   loss_agg_mode: str = "sequence-mean-token-mean"
   advantage_estimator: str = "grpo"
+  dynamic_sampling_rounds: int = 0
   overlong_buffer: int = 0
   rewards: Any = (("exact_answer", 1.0),)
   max_words: int = 16
@@ -191,6 +196,8 @@ class RlConfig:
       raise ValueError(f"rl.epsilon_high={self.epsilon_high!r} must be >= 0"
                        " (0: rl.epsilon).")
     sections.check_int("rl.overlong_buffer", self.overlong_buffer, minimum=0)
+    sections.check_int("rl.dynamic_sampling_rounds",
+                       self.dynamic_sampling_rounds, minimum=0)
     for key, valid in (("kl_loss_mode", KL_MODES),
                        ("loss_agg_mode", LOSS_AGG_MODES),
                        ("advantage_estimator", ADVANTAGE_ESTIMATORS)):

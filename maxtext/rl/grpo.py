@@ -54,6 +54,7 @@ from maxtext.posttrain import base_model
 from maxtext.posttrain import rows as rows_lib
 from maxtext.posttrain import runtime as runtime_lib
 from maxtext.posttrain import tunix_hooks
+from maxtext.rl import dynamic_sampling
 from maxtext.rl import jax_rollout
 from maxtext.rl import policy as policy_lib
 from maxtext.rl import rewards as rewards_lib
@@ -277,9 +278,12 @@ def run_grpo(config: RlRunConfig, workdir: str) -> runtime_lib.RunResult:
     eval_data = _eval_batches(
         _prompts(config, tokenizer, config.data.eval_files),
         config.train.batch_size)
-  learner, loaded = make_learner(config, workdir, load=load, runtime=runtime,
-                                 rollout_mesh=rollout_mesh,
-                                 tokenizer=rl_tokenizer)
+  learner, loaded = make_learner(
+      config, workdir, load=load, runtime=runtime, rollout_mesh=rollout_mesh,
+      tokenizer=rl_tokenizer,
+      # Dynamic sampling's further prompts: the records in another order.
+      more_prompts=train_batches(records, config.train.batch_size,
+                                 config.data.shuffle_seed + 1))
   with runtime.activate():
     preempted = runtime_lib.train_until_stopped(
         learner, train_batches(records, config.train.batch_size,
@@ -294,11 +298,18 @@ def run_grpo(config: RlRunConfig, workdir: str) -> runtime_lib.RunResult:
 def make_learner(config: RlRunConfig, workdir: str, *, load: str,
                  runtime: runtime_lib.Runtime,
                  rollout_mesh: jax.sharding.Mesh,
-                 tokenizer: policy_lib.RlTokenizer
+                 tokenizer: policy_lib.RlTokenizer,
+                 more_prompts: Iterator[dict[str, np.ndarray]] | None = None
                  ) -> tuple[grpo_learner.GRPOLearner, base_model.LoadedModel]:
   """Tunix's GRPO learner of `config` on the checkpoint `load` (its policy,
   reference when `rl.beta` > 0, rollout engine, rewards and metrics), and
-  the loaded policy model."""
+  the loaded policy model. With `rl.dynamic_sampling_rounds` its batches
+  keep the informative groups (`dynamic_sampling`), sampling more from
+  `more_prompts`.
+
+  Raises:
+    ValueError: dynamic sampling without `more_prompts`.
+  """
   loaded = base_model.load_model(load, lora=config.lora,
                                  seed=config.train.seed, rules=runtime.rules,
                                  execution=config.execution)
@@ -329,9 +340,20 @@ def make_learner(config: RlRunConfig, workdir: str, *, load: str,
     cluster = rl_cluster_lib.RLCluster(
         actor=policy_lib.PolicyModel.of(loaded.model), reference=reference,
         tokenizer=tokenizer, cluster_config=cluster_config)
-    learner = grpo_learner.GRPOLearner(
-        cluster, grpo_config(config), reward_fns,
-        metric_fns=_metric_fns(reward_fns, cluster))
+    learner_kwargs = {}
+    learner_cls = grpo_learner.GRPOLearner
+    rounds = config.rl.dynamic_sampling_rounds
+    if rounds:
+      if more_prompts is None:
+        raise ValueError(f"rl.dynamic_sampling_rounds={rounds} needs more"
+                         " prompts to sample from.")
+      learner_cls = tunix_hooks.RolloutFilteringLearner
+      learner_kwargs = dict(prompts=more_prompts, keep=functools.partial(
+          dynamic_sampling.keep_informative,
+          generations=config.rl.num_generations, max_rounds=rounds))
+    learner = learner_cls(cluster, grpo_config(config), reward_fns,
+                          metric_fns=_metric_fns(reward_fns, cluster),
+                          **learner_kwargs)
   # The actor trains on our binding of the learner's loss, in our step.
   actor = cluster.actor_trainer
   actor.with_loss_fn(actor_loss(learner.algo_config, cluster.rollout.pad_id(),

@@ -22,6 +22,7 @@ from tunix.rl.grpo import grpo_learner
 from configs import grpo as grpo_config
 from maxtext.metrics import writers
 from maxtext.models import registry
+from maxtext.posttrain import posttrain_testing
 from maxtext.posttrain import runtime
 from maxtext.rl import grpo
 from maxtext.rl import policy
@@ -194,6 +195,7 @@ class RunTest(absltest.TestCase):
 
   def test_dapo_toy_penalises_the_rollouts_own_lengths(self):
     config = grpo_config.get_config("dapo")
+    config.rl.dynamic_sampling_rounds = 0  # One rollout per update.
     config.train.steps = 4
     config.logging.tensorboard = False
     config.export.merged = False
@@ -215,6 +217,30 @@ class RunTest(absltest.TestCase):
             for step_lengths in lengths]
     np.testing.assert_allclose(logged, want, atol=1e-6)
     self.assertLess(min(logged), 0.0)  # Some completions ran to the limit.
+
+  def test_dapo_trains_on_informative_groups(self):
+    config = grpo_config.get_config("dapo")
+    config.train.steps = 2
+    config.logging.tensorboard = False
+    config.export.merged = False
+    workdir = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+    with posttrain_testing.first_steps() as records:
+      grpo.run(config, workdir)
+    metrics = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    first = metrics[0]
+    print("DAPO dynamic sampling, first update:",
+          {k: v for k, v in first.items() if "dynamic" in k})
+    informative = np.any(np.asarray(records[0]["example"].advantages)
+                         .reshape(-1, config.rl.num_generations) != 0, 1)
+    self.assertAlmostEqual(float(informative.mean()),
+                           first["train/dynamic_sampling/filled"])
+    # The informative groups come first; more batches were sampled when
+    # the first had uninformative ones (up to 3).
+    kept = int(informative.sum())
+    self.assertTrue(np.all(informative[:kept]))
+    self.assertBetween(first["train/dynamic_sampling/rounds"], 1, 3)
+    if first["train/dynamic_sampling/informative"] < 1:
+      self.assertGreater(first["train/dynamic_sampling/rounds"], 1)
 
   def test_a_sigterm_saves_the_policy_and_skips_the_export(self):
     config = grpo_config.get_config()
