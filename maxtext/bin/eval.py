@@ -4,9 +4,11 @@ Loads a converted checkpoint (convert_ckpt), a training checkpoint
 <workdir>/checkpoints/<step> or a workdir (its latest step) with its
 tokenizer (override with --tokenizer), runs lm-eval tasks through our model
 (log-likelihoods in batches, generation with a KV cache) and prints lm-eval's
-table. The bundled tasks are maxtext_capitals (multiple choice) and
-maxtext_arithmetic (generation, exact match); --include_path adds folders of
-your own task YAML files. --perplexity_data scores documents (text, JSONL,
+table. The bundled tasks are maxtext_capitals (multiple choice),
+maxtext_arithmetic (generation, exact match) and maxtext_word_problems (the
+held-out set of the RL word problems, exact "#### N" answer; for a chat model
+give --chat_template); --include_path adds folders of your own task YAML
+files. --chat_template renders each request as a conversation. --perplexity_data scores documents (text, JSONL,
 Parquet, ... as in training data) in windows of --max_length tokens.
 --output writes the scores as JSON (with --log_samples, also each request
 and response).
@@ -34,6 +36,7 @@ from absl import flags
 from absl import logging
 
 from maxtext.common import cli
+from maxtext.data import chat_template as chat_lib
 from maxtext.eval import harness
 from maxtext.eval import lm_eval_adapter
 from maxtext.eval import perplexity
@@ -63,6 +66,11 @@ _MAX_GEN_TOKS = flags.DEFINE_integer(
 _ADD_BOS = flags.DEFINE_bool("add_bos", False,
                              "Start each context with BOS (Gemma).")
 _SEED = flags.DEFINE_integer("seed", 0, "Few-shot and sampling seed.")
+_CHAT_TEMPLATE = flags.DEFINE_string(
+    "chat_template", None,
+    "Render each task request as a user turn (few-shot examples as earlier"
+    " turns) with this chat template: 'chatml', a .jinja file or a"
+    " tokenizer_config.json (e.g. the checkpoint's); default: plain text.")
 _PERPLEXITY_DATA = flags.DEFINE_multi_string(
     "perplexity_data", [], "Files (glob patterns) to measure perplexity on.")
 _PERPLEXITY_FORMAT = flags.DEFINE_string(
@@ -91,7 +99,9 @@ def _evaluate() -> None:
       tokenizer=_TOKENIZER.value and paths.user_path(_TOKENIZER.value),
       max_length=_MAX_LENGTH.value, batch_size=_BATCH_SIZE.value,
       max_gen_toks=_MAX_GEN_TOKS.value, add_bos=_ADD_BOS.value,
-      seed=_SEED.value)
+      seed=_SEED.value,
+      chat_template=_CHAT_TEMPLATE.value and chat_lib.load_template(
+          _chat_template_spec(_CHAT_TEMPLATE.value), key="--chat_template"))
   logging.info("Loaded %s with tokenizer %s.", checkpoint,
                lm.text_tokenizer.path)
   out = {}
@@ -101,7 +111,7 @@ def _evaluate() -> None:
         include_paths=[paths.user_path(p) for p in _INCLUDE_PATH.value],
         builtin_tasks=_BUILTIN_TASKS.value, limit=_LIMIT.value,
         num_fewshot=_NUM_FEWSHOT.value, log_samples=_LOG_SAMPLES.value,
-        seed=_SEED.value)
+        seed=_SEED.value, apply_chat_template=bool(_CHAT_TEMPLATE.value))
     print(harness.table(results))
     out["tasks"] = harness.scores(results)
     if _LOG_SAMPLES.value:
@@ -121,6 +131,11 @@ def _evaluate() -> None:
               encoding="utf-8") as f:
       json.dump(out, f, indent=2, default=str)
       f.write("\n")
+
+
+def _chat_template_spec(spec: str) -> str:
+  """A file spec as the user typed it, resolved; a built-in name as is."""
+  return spec if spec in chat_lib.TEMPLATES else paths.user_path(spec)
 
 
 def console_main() -> None:

@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import re
 import tempfile
 from unittest import mock
 
@@ -22,6 +23,7 @@ from absl.testing import flagsaver
 import numpy as np
 
 from maxtext.bin import eval as eval_bin
+from maxtext.data import chat_template as chat_lib
 from maxtext.data import tokenizer as tokenizer_lib
 from maxtext.eval import harness
 from maxtext.eval import hf_eval_reference
@@ -107,6 +109,38 @@ class EvalBinaryTest(absltest.TestCase):
     self.assertIn(f"perplexity: {got:.4f} ({tokens} tokens in 2 documents)",
                   printed)
 
+  def test_word_problems_with_a_chat_template(self):
+    self._run(tasks=["maxtext_word_problems"], limit=3, chat_template="chatml",
+              output="chat.json", log_samples=True)
+    with open(os.path.join(self.user_dir, "chat.json"),
+              encoding="utf-8") as f:
+      scores = json.load(f)
+    chat = chat_lib.ChatEncoder(chat_lib.load_template("chatml"),
+                                self.tokenizer)
+    matches = []
+    for sample in scores["samples"]["maxtext_word_problems"]:
+      (context, gen_kwargs), = sample["arguments"]
+      # The request is the problem as a user turn, ready for the answer.
+      self.assertEqual(context, chat.render(
+          [{"role": "user", "content": sample["doc"]["prompt"]}],
+          add_generation_prompt=True))
+      # The prompt keeps its last max_length - max_gen_toks tokens.
+      kept = _MAX_LENGTH - gen_kwargs["max_gen_toks"]
+      greedy = hf_tiny_models.hf_greedy(
+          self.hf_model, self.tokenizer.encode(context)[-kept:],
+          gen_kwargs["max_gen_toks"])
+      greedy = greedy[:greedy.index(0)] if 0 in greedy else greedy  # EOS
+      answer = self.tokenizer.decode(greedy)
+      for stop in gen_kwargs["until"]:
+        answer = answer.split(stop)[0]
+      self.assertEqual(sample["resps"], [[answer]])
+      final = re.findall(r"####\s*(-?[0-9][0-9,]*)", answer)
+      matches.append(bool(final) and final[-1] == sample["target"])
+    self.assertLen(matches, 3)
+    self.assertEqual(
+        scores["tasks"]["maxtext_word_problems"]["exact_match,final_answer"],
+        np.mean(matches))
+
   def test_needs_tasks_or_perplexity_data(self):
     with self.assertRaisesRegex(Exception, "--tasks, --perplexity_data"):
       self._run(tasks=[])
@@ -116,6 +150,8 @@ class EvalBinaryTest(absltest.TestCase):
         (dict(checkpoint="missing"), r"missing"),
         (dict(tasks=[], perplexity_data=["nothing*.jsonl"]),
          r"nothing\*\.jsonl"),
+        (dict(chat_template="nothing.jinja"),
+         r"--chat_template='.*nothing.jinja' is neither a built-in"),
     ):
       with self.subTest(flag_values), self.assertRaisesRegex(
           SystemExit, r"^eval: error: \w+: [^\n]*" + message):

@@ -126,9 +126,10 @@ def user_template(spec: str) -> str:
   return spec if spec in TEMPLATES else paths.user_path(spec)
 
 
-def load_template(spec: str) -> str:
+def load_template(spec: str, key: str = "data.chat_template") -> str:
   """Template source of `spec`: a built-in name, a `.jinja` file or a
-  `tokenizer_config.json` with a "chat_template" entry.
+  `tokenizer_config.json` with a "chat_template" entry; errors name it as
+  `key`.
 
   Raises:
     ChatTemplateError: `spec` is none of these (the message lists the
@@ -138,7 +139,7 @@ def load_template(spec: str) -> str:
     return TEMPLATES[spec]
   if not os.path.isfile(spec):
     raise ChatTemplateError(
-        f"data.chat_template={spec!r} is neither a built-in template"
+        f"{key}={spec!r} is neither a built-in template"
         f" {sorted(TEMPLATES)} nor a file.")
   with open(spec, encoding="utf-8") as f:
     text = f.read()

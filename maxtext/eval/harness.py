@@ -41,7 +41,8 @@ def task_manager(include_paths: Sequence[str] = (), *,
 def evaluate(lm: lm_model.LM, tasks: Sequence[str], *,
              include_paths: Sequence[str] = (), builtin_tasks: bool = False,
              limit: int | None = None, num_fewshot: int | None = None,
-             log_samples: bool = False, seed: int = 0) -> dict[str, Any]:
+             log_samples: bool = False, seed: int = 0,
+             apply_chat_template: bool = False) -> dict[str, Any]:
   """Scores `lm` on `tasks` (names of tasks or groups); lm-eval's results.
 
   Args:
@@ -53,6 +54,8 @@ def evaluate(lm: lm_model.LM, tasks: Sequence[str], *,
     num_fewshot: Overrides the tasks' number of few-shot examples.
     log_samples: Keep every request and response under "samples".
     seed: Seed of the few-shot sampling and of Python's and numpy's RNGs.
+    apply_chat_template: Render each request as a conversation with the
+      model's chat template (`lm.apply_chat_template`).
 
   Raises:
     ValueError: a task is unknown (names it and the known ones).
@@ -67,7 +70,7 @@ def evaluate(lm: lm_model.LM, tasks: Sequence[str], *,
       model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
       num_fewshot=num_fewshot, log_samples=log_samples, random_seed=seed,
       numpy_random_seed=seed, torch_random_seed=None,
-      fewshot_random_seed=seed)
+      fewshot_random_seed=seed, apply_chat_template=apply_chat_template)
 
 
 def scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:

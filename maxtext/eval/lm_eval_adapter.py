@@ -28,6 +28,7 @@ from lm_eval.models import utils as lm_utils
 
 from maxtext.checkpoint import params_checkpoint
 from maxtext.data import assets
+from maxtext.data import chat_template as chat_lib
 from maxtext.data import tokenizer as tokenizer_lib
 from maxtext.eval import scoring
 from maxtext.inference import generate
@@ -65,13 +66,17 @@ class MaxTextLM(lm_model.TemplateLM):
     add_bos: Start every encoded context with BOS (Gemma needs it).
     seed: Seed of sampled generation.
     scorer: Scores token requests (`maxtext.eval.scoring.Scorer`).
+    chat: Renders conversations (lm-eval's `apply_chat_template`: a task's
+      turns, few-shot examples as earlier turns) with the chat template;
+      None without one.
   """
 
   def __init__(self, model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, *,
                max_length: int = DEFAULT_MAX_LENGTH,
                batch_size: int = DEFAULT_BATCH_SIZE,
                max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
-               add_bos: bool = False, seed: int = 0):
+               add_bos: bool = False, seed: int = 0,
+               chat_template: str = ""):
     super().__init__()
     if tokenizer.vocab_size > model.cfg.vocab_size:
       raise ValueError(
@@ -90,6 +95,26 @@ class MaxTextLM(lm_model.TemplateLM):
     self.seed = seed
     self.scorer = scoring.Scorer(model, max_length=max_length,
                                   batch_size=batch_size)
+    self.chat = (chat_lib.ChatEncoder(chat_template, tokenizer)
+                 if chat_template else None)
+
+  def apply_chat_template(self, chat_history: list[dict[str, str]],
+                          add_generation_prompt: bool = True) -> str:
+    """The chat template's text of `chat_history` (lm-eval's hook).
+
+    Raises:
+      ValueError: the model was made without a chat template.
+    """
+    if self.chat is None:
+      raise ValueError("This evaluation applies a chat template, but none"
+                       " was given (--chat_template).")
+    return self.chat.render(chat_history,
+                            add_generation_prompt=add_generation_prompt)
+
+  def chat_template(self, chat_template: bool | str = False) -> str:
+    """The chat template's source (lm-eval fingerprints requests with it)."""
+    del chat_template
+    return self.chat.source if self.chat is not None else ""
 
   @classmethod
   def from_checkpoint(cls, checkpoint: str, *, tokenizer: str | None = None,

@@ -31,6 +31,10 @@ from maxtext.sharding.rules import ShardingConfig
 
 FILE_SOURCES = ("jsonl", "parquet", "arrayrecord", "arrow")
 TOY_SOURCE = "toy_arithmetic"
+# The generated word problems (`maxtext.rl.word_problems`), by split.
+WORD_PROBLEM_SOURCES = {"word_problems": "standard",
+                        "word_problems_easy": "easy"}
+GENERATED_SOURCES = (TOY_SOURCE, *WORD_PROBLEM_SOURCES)
 LOSS_ALGOS = ("grpo", "gspo-token")
 ENGINES = ("jax", "vllm")
 KL_MODES = ("kl", "mse_kl", "low_var_kl")
@@ -48,7 +52,12 @@ class RlDataConfig:
   Attributes:
     source: "jsonl", "parquet", "arrayrecord" or "arrow" files; or
       "toy_arithmetic": the run writes the toy task (one-digit sums, answered
-      "#### N") and its word tokenizer to <workdir>/toy and uses them.
+      "#### N") and its word tokenizer to <workdir>/toy and uses them; or
+      "word_problems" ("word_problems_easy"): the run writes the bundled
+      arithmetic word problems' train and held-out sets
+      (`maxtext.rl.word_problems`, standard or easy split) to
+      <workdir>/word_problems, trains on the first and evaluates on the
+      second (with `eval_every_steps`).
     files: Comma-separated glob patterns of the prompt records.
     eval_files: Records evaluated every `eval_every_steps` updates.
     eval_every_steps: 0: no evaluation.
@@ -74,14 +83,15 @@ class RlDataConfig:
   shuffle_seed: int = 0
 
   def __post_init__(self):
-    if self.source not in (*FILE_SOURCES, TOY_SOURCE):
+    if self.source not in (*FILE_SOURCES, *GENERATED_SOURCES):
       raise ValueError(f"data.source={self.source!r} is invalid; valid:"
-                       f" {(*FILE_SOURCES, TOY_SOURCE)}.")
-    if self.source != TOY_SOURCE and not self.files:
+                       f" {(*FILE_SOURCES, *GENERATED_SOURCES)}.")
+    if self.source not in GENERATED_SOURCES and not self.files:
       raise ValueError(f"data.files is empty: data.source={self.source!r}"
                        " needs it.")
     sections.check_int("data.eval_every_steps", self.eval_every_steps, minimum=0)
-    if self.eval_every_steps and not self.eval_files:
+    if (self.eval_every_steps and not self.eval_files and
+        self.source not in WORD_PROBLEM_SOURCES):
       raise ValueError(f"data.eval_every_steps={self.eval_every_steps} needs"
                        " data.eval_files.")
     object.__setattr__(self, "columns", tuple(self.columns))

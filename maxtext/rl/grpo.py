@@ -59,11 +59,14 @@ from maxtext.rl import jax_rollout
 from maxtext.rl import policy as policy_lib
 from maxtext.rl import rewards as rewards_lib
 from maxtext.rl import toy_task
+from maxtext.rl import word_problems
 from maxtext.rl.config import RlRunConfig
 from maxtext.rl.config import TOY_SOURCE
+from maxtext.rl.config import WORD_PROBLEM_SOURCES
 from maxtext.sharding import mesh as mesh_lib
 
 TOY_DIRNAME = "toy"
+WORD_PROBLEMS_DIRNAME = "word_problems"
 INITIAL_MODEL_DIRNAME = "initial_model"
 _MODES = ("train", "eval")
 
@@ -82,12 +85,23 @@ class RlMetricsBackend(runtime_lib.MetricsBackend):
 
 
 def _data(config: RlRunConfig, workdir: str) -> RlRunConfig:
-  """`config` with the toy task written to the workdir when asked."""
-  if config.data.source != TOY_SOURCE:
+  """`config` with a generated task (the toy, the word problems) written to
+  the workdir when asked, as JSONL files."""
+  source = config.data.source
+  if source == TOY_SOURCE:
+    tokenizer, files = toy_task.write_task(os.path.join(workdir,
+                                                        TOY_DIRNAME))
+    data = dataclasses.replace(config.data, source="jsonl", files=files,
+                               tokenizer=tokenizer, columns=("answer",))
+  elif source in WORD_PROBLEM_SOURCES:
+    folder = os.path.join(workdir, WORD_PROBLEMS_DIRNAME)
+    os.makedirs(folder, exist_ok=True)
+    train, heldout = word_problems.write_split(
+        folder, WORD_PROBLEM_SOURCES[source])
+    data = dataclasses.replace(config.data, source="jsonl", files=train,
+                               eval_files=heldout, columns=("answer",))
+  else:
     return config
-  tokenizer, files = toy_task.write_task(os.path.join(workdir, TOY_DIRNAME))
-  data = dataclasses.replace(config.data, source="jsonl", files=files,
-                             tokenizer=tokenizer, columns=("answer",))
   return dataclasses.replace(config, data=data)
 
 

@@ -242,6 +242,27 @@ class RunTest(absltest.TestCase):
     if first["train/dynamic_sampling/informative"] < 1:
       self.assertGreater(first["train/dynamic_sampling/rounds"], 1)
 
+  def test_word_problems_source_trains_and_evaluates_on_its_sets(self):
+    folder = tempfile.mkdtemp(dir=absltest.get_default_test_tmpdir())
+    config = grpo_config.get_config("smollm2_arithmetic")
+    config.train.load = posttrain_testing.write_checkpoint(folder)
+    config.data.source = "word_problems_easy"
+    config.data.chat_template = posttrain_testing.template_file(folder)
+    config.data.eval_every_steps = 1
+    config.train.update(steps=1, batch_size=2)
+    config.rl.num_generations = 2
+    config.rollout.update(max_new_tokens=4, stop_tokens=())
+    config.logging.tensorboard = False
+    config.export.merged = False
+    workdir = os.path.join(folder, "run")
+    grpo.run(config, workdir)
+    written = os.path.join(workdir, grpo.WORD_PROBLEMS_DIRNAME)
+    self.assertCountEqual(os.listdir(written),
+                          ["easy_train.jsonl", "easy_heldout.jsonl"])
+    metrics = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    self.assertTrue(any("eval/rewards/exact_answer" in m
+                        for m in metrics.values()), metrics)
+
   def test_a_sigterm_saves_the_policy_and_skips_the_export(self):
     config = grpo_config.get_config()
     config.train.steps = 4

@@ -1,0 +1,80 @@
+"""Tests of maxtext.rl.word_problems: each answer follows from its question,
+the sets are deterministic with distinct questions, train and held-out share
+none, and eval's maxtext_word_problems data is the standard held-out set."""
+
+import json
+import os
+import re
+
+from absl.testing import absltest
+
+from maxtext.rl import rewards
+from maxtext.rl import word_problems
+
+_TASK_DATA = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "eval",
+    "tasks", "maxtext_word_problems", "heldout.jsonl")
+
+
+def _solve(question: str) -> int:
+  """The answer, from the question's numbers and wording."""
+  numbers = [int(n) for n in re.findall(r"\d+", question)]
+  if "more" in question:
+    return numbers[0] + numbers[1]
+  if "packs" in question:
+    return numbers[0] * numbers[1] - numbers[2]
+  if "boxes" in question:
+    return numbers[0] * numbers[1]
+  return numbers[0] - numbers[1]
+
+
+def _read(path: str) -> list[dict[str, str]]:
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+class WordProblemsTest(absltest.TestCase):
+
+  def test_answers_follow_from_the_questions(self):
+    for split, top in (("easy", 20), ("standard", 144)):
+      records = word_problems.problems(split, 500)
+      for record in records:
+        self.assertEqual(int(record["answer"]), _solve(record["question"]),
+                         record["question"])
+        self.assertBetween(int(record["answer"]), 0, 2 * top)
+        self.assertEqual(record["prompt"], record["question"] + "\n" +
+                         word_problems.INSTRUCTION)
+        # The reward reads the answer the prompt asks for.
+        self.assertEqual(rewards.exact_answer(
+            [record["prompt"]], [f"so #### {record['answer']}"],
+            answer=[record["answer"]]), [1.0])
+      self.assertLen({r["question"] for r in records}, 500)
+      self.assertEqual(records, word_problems.problems(split, 500))
+    standard = word_problems.problems("standard", 400)
+    self.assertTrue(any("packs" in r["question"] for r in standard))
+    self.assertTrue(any("boxes" in r["question"] for r in standard))
+
+  def test_train_and_heldout_share_no_question(self):
+    folder = self.create_tempdir().full_path
+    for split, train_count, heldout_count in word_problems.BUNDLED:
+      train, heldout = (_read(p) for p in word_problems.write_split(folder,
+                                                                    split))
+      self.assertLen(train, train_count)
+      self.assertLen(heldout, heldout_count)
+      self.assertGreaterEqual(heldout_count, 200)
+      self.assertEmpty({r["question"] for r in train} &
+                       {r["question"] for r in heldout})
+
+  def test_the_eval_tasks_data_is_the_standard_heldout_set(self):
+    _, heldout = word_problems.write_split(self.create_tempdir().full_path,
+                                           "standard")
+    self.assertEqual(_read(_TASK_DATA), _read(heldout))
+
+  def test_an_unknown_split_is_named(self):
+    with self.assertRaisesRegex(ValueError, r"split='hard' is invalid; valid:"
+                                r" \('easy', 'standard'\)"):
+      word_problems.problems("hard", 3)
+
+
+if __name__ == "__main__":
+  absltest.main()
