@@ -172,10 +172,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.train.steps = 100
     config.train.batch_size = 4
     config.rl.update(num_generations=8, beta=0.0)
-    # The exact answer is the reward; the format reward is logged apart.
-    config.rl.rewards = (("exact_answer", 1.0), ("answer_format", 0.1))
-    config.rollout.update(max_prompt_length=128, max_new_tokens=64,
-                          temperature=1.0, stop_tokens=("<|im_end|>",))
+    # The exact answer (the first "#### N") is the reward; the format
+    # reward (a completion that ends with its answer) is logged apart.
+    config.rl.rewards = (("first_answer", 1.0), ("answer_format", 0.1))
+    config.rollout.update(max_prompt_length=160, max_new_tokens=48,
+                          temperature=0.8, stop_tokens=("<|im_end|>",))
   if variant == "smollm2":
     config.data.chat_template = "chatml"
     config.optimizer.learning_rate = 3e-6

@@ -135,7 +135,7 @@ class EvalBinaryTest(absltest.TestCase):
         answer = answer.split(stop)[0]
       self.assertEqual(sample["resps"], [[answer]])
       final = re.findall(r"####\s*(-?[0-9][0-9,]*)", answer)
-      matches.append(bool(final) and final[-1] == sample["target"])
+      matches.append(bool(final) and final[0] == sample["target"])
     self.assertLen(matches, 3)
     self.assertEqual(
         scores["tasks"]["maxtext_word_problems"]["exact_match,final_answer"],

@@ -29,10 +29,23 @@ def _number(text: str) -> float | None:
     return None
 
 
-def extract_answer(text: str) -> str | None:
-  """The number after the last "####" in `text`; None without one."""
+def extract_answer(text: str, first: bool = False) -> str | None:
+  """The number after the last (`first`: the first) "####" in `text`; None
+  without one."""
   found = _ANSWER.findall(text)
-  return found[-1] if found else None
+  return (found[0] if first else found[-1]) if found else None
+
+
+def _answers_equal(completions: Sequence[str], answer: Sequence[Any],
+                   first: bool) -> list[float]:
+  rewards = []
+  for completion, reference in zip(completions, answer, strict=True):
+    reference = str(reference)
+    want = _number(extract_answer(reference) or reference.strip())
+    got = extract_answer(completion, first)
+    rewards.append(float(want is not None and got is not None and
+                         _number(got) == want))
+  return rewards
 
 
 def exact_answer(prompts: Sequence[str], completions: Sequence[str], *,
@@ -41,14 +54,16 @@ def exact_answer(prompts: Sequence[str], completions: Sequence[str], *,
   (numerically; a reference may itself be a GSM8K solution ending in
   "#### N"), else 0."""
   del prompts, unused
-  rewards = []
-  for completion, reference in zip(completions, answer, strict=True):
-    reference = str(reference)
-    want = _number(extract_answer(reference) or reference.strip())
-    got = extract_answer(completion)
-    rewards.append(float(want is not None and got is not None and
-                         _number(got) == want))
-  return rewards
+  return _answers_equal(completions, answer, first=False)
+
+
+def first_answer(prompts: Sequence[str], completions: Sequence[str], *,
+                 answer: Sequence[Any], **unused) -> list[float]:
+  """1 when the completion's first "#### N" equals the reference answer
+  (as lm-eval's GSM8K strict match reads it: what follows the first answer
+  does not count), else 0."""
+  del prompts, unused
+  return _answers_equal(completions, answer, first=True)
 
 
 def answer_format(prompts: Sequence[str], completions: Sequence[str],
@@ -86,6 +101,7 @@ def overlong_penalty(prompts: Sequence[str], completions: Sequence[str], *,
 
 REWARDS: dict[str, RewardFn] = {
     "exact_answer": exact_answer,
+    "first_answer": first_answer,
     "answer_format": answer_format,
     "length_penalty": length_penalty,
     "overlong_penalty": overlong_penalty,

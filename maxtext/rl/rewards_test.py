@@ -21,6 +21,16 @@ class RewardsTest(absltest.TestCase):
         rewards.exact_answer([""] * 6, completions, answer=answers),
         [1.0, 1.0, 0.0, 0.0, 1.0, 1.0])
 
+  def test_first_answer(self):
+    completions = ["4 + 3 = 7. #### 7\n\nQuestion: #### 9", "#### 6 #### 7",
+                   "no answer", "#### 1,234"]
+    self.assertEqual(
+        rewards.first_answer([""] * 4, completions,
+                             answer=["7", "7", "7", "1234"]),
+        [1.0, 0.0, 0.0, 1.0])
+    self.assertEqual(rewards.exact_answer([""], completions[:1],
+                                          answer=["7"]), [0.0])
+
   def test_answer_format(self):
     completions = ["#### 7", "work\n#### -12", "#### 7 and more", "7",
                    "####", "#### 3,000.5  "]

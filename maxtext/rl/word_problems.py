@@ -4,8 +4,9 @@ and its held-out set, scored by `eval --tasks=maxtext_word_problems`.
 
 `problems(split, count, seed)` draws problems from templates (a name, an
 item, numbers); each record is {"prompt", "answer", "question"}: the
-question, the prompt that asks for the final answer as "#### N" (what
-`rewards.exact_answer` reads), and the answer as a string. Splits: "easy"
+question, the prompt (a worked example, the question, and the request for
+the final answer as "#### N", what `rewards.first_answer` reads), and the
+answer as a string. Splits: "easy"
 (one addition or subtraction of numbers up to 20) and "standard"
 (additions and subtractions up to 100, products up to 12 x 12, and
 two-step problems). `write_split(folder, split)` writes a split's train
@@ -21,8 +22,12 @@ import random
 SPLITS = ("easy", "standard")
 # (split, train count, held-out count): the bundled files.
 BUNDLED = (("easy", 400, 200), ("standard", 2000, 200))
-INSTRUCTION = ("Solve the problem. End your reply with the final answer as"
-               " \"#### <number>\".")
+# A worked example, then the question: small instruct models follow it and
+# put the answer after "####" (the first "####" is what counts).
+EXAMPLE = ("Example:\nQuestion: Tom has 3 pens. Tom gets 4 more pens. How many"
+           " pens does Tom have now?\nAnswer: Tom has 3 + 4 = 7 pens.\n#### 7")
+INSTRUCTION = ("Answer with one short line of working, then the final answer"
+               " as \"#### <number>\".")
 _NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo",
           "Iris", "Jonas", "Kira", "Liam", "Maya", "Noah", "Olga", "Pablo")
 _ITEMS = ("apples", "marbles", "stickers", "books", "coins", "pencils",
@@ -67,6 +72,12 @@ _TEMPLATES = {"easy": ((_add, 20), (_subtract, 20)),
                            (_two_step, 0))}
 
 
+def prompt(question: str) -> str:
+  """The prompt of `question`: the worked example, the question and the
+  instruction."""
+  return f"{EXAMPLE}\n\nQuestion: {question}\n{INSTRUCTION}"
+
+
 def problems(split: str, count: int, seed: int = 0) -> list[dict[str, str]]:
   """`count` distinct problems of `split` (see the module docstring).
 
@@ -86,8 +97,8 @@ def problems(split: str, count: int, seed: int = 0) -> list[dict[str, str]]:
     if question in seen:
       continue
     seen.add(question)
-    records.append({"prompt": f"{question}\n{INSTRUCTION}",
-                    "answer": str(answer), "question": question})
+    records.append({"prompt": prompt(question), "answer": str(answer),
+                    "question": question})
   if len(records) < count:
     raise ValueError(f"The {split} templates made {len(records)} distinct"
                      f" problems, fewer than {count}.")

@@ -42,11 +42,12 @@ class WordProblemsTest(absltest.TestCase):
         self.assertEqual(int(record["answer"]), _solve(record["question"]),
                          record["question"])
         self.assertBetween(int(record["answer"]), 0, 2 * top)
-        self.assertEqual(record["prompt"], record["question"] + "\n" +
-                         word_problems.INSTRUCTION)
+        self.assertEqual(record["prompt"],
+                         word_problems.prompt(record["question"]))
+        self.assertIn("Question: " + record["question"], record["prompt"])
         # The reward reads the answer the prompt asks for.
-        self.assertEqual(rewards.exact_answer(
-            [record["prompt"]], [f"so #### {record['answer']}"],
+        self.assertEqual(rewards.first_answer(
+            [record["prompt"]], [f"so\n#### {record['answer']}\n\n#### 0"],
             answer=[record["answer"]]), [1.0])
       self.assertLen({r["question"] for r in records}, 500)
       self.assertEqual(records, word_problems.problems(split, 500))
