@@ -260,7 +260,7 @@ class RunTest(absltest.TestCase):
     self.assertCountEqual(os.listdir(written),
                           ["easy_train.jsonl", "easy_heldout.jsonl"])
     metrics = writers.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-    self.assertTrue(any("eval/rewards/exact_answer" in m
+    self.assertTrue(any("eval/rewards/first_answer" in m
                         for m in metrics.values()), metrics)
 
   def test_a_sigterm_saves_the_policy_and_skips_the_export(self):
