@@ -92,12 +92,10 @@ class LossTest(parameterized.TestCase):
     # An older policy's log-probs (as after an earlier iteration).
     cls.old_BT = cls.logps_BT + rng.normal(0, 0.3, cls.logps_BT.shape)
 
-  def _loss(self, loss_algo, old_BT):
-    config = grpo_learner.GRPOConfig(loss_algo=loss_algo, num_generations=2,
-                                     num_iterations=2, beta=0.0,
-                                     epsilon=_EPSILON)
-    config.temperature = 1.0
-    example = grpo_learner.TrainExample(
+  def _example(self, old_BT) -> grpo_learner.TrainExample:
+    """The batch, its rollouts from the policy of `old_BT` (None: this
+    one)."""
+    return grpo_learner.TrainExample(
         prompt_ids=jnp.asarray(self.prompts_BP),
         prompt_mask=jnp.asarray(self.prompts_BP != _PAD),
         completion_ids=jnp.asarray(self.completions_BT),
@@ -106,8 +104,14 @@ class LossTest(parameterized.TestCase):
         ref_per_token_logps=None,
         old_per_token_logps=(None if old_BT is None else
                              jnp.asarray(old_BT, jnp.float32)))
-    loss, _ = algo_core.grpo_loss_fn(self.model, example, config,
-                                     pad_id=_PAD, eos_id=_EOS)
+
+  def _loss(self, loss_algo, old_BT):
+    config = grpo_learner.GRPOConfig(loss_algo=loss_algo, num_generations=2,
+                                     num_iterations=2, beta=0.0,
+                                     epsilon=_EPSILON)
+    config.temperature = 1.0
+    loss, _ = algo_core.grpo_loss_fn(self.model, self._example(old_BT),
+                                     config, pad_id=_PAD, eos_id=_EOS)
     return float(loss)
 
   @parameterized.parameters("grpo", "gspo-token")
@@ -129,15 +133,8 @@ class LossTest(parameterized.TestCase):
     algo = grpo.grpo_config(RlRunConfig.from_config_dict(config))
     algo.temperature = 1.0
     self.assertEqual(algo.epsilon_high, eps_high)
-    example = grpo_learner.TrainExample(
-        prompt_ids=jnp.asarray(self.prompts_BP),
-        prompt_mask=jnp.asarray(self.prompts_BP != _PAD),
-        completion_ids=jnp.asarray(self.completions_BT),
-        completion_mask=jnp.asarray(self.mask_BT),
-        advantages=jnp.asarray(self.advantages_B),
-        ref_per_token_logps=None,
-        old_per_token_logps=jnp.asarray(self.old_BT, jnp.float32))
-    loss, aux = grpo.actor_loss(algo, _PAD, _EOS)(self.model, example)
+    loss, aux = grpo.actor_loss(algo, _PAD, _EOS)(self.model,
+                                                  self._example(self.old_BT))
     want = _np_loss(self.logps_BT, self.old_BT, self.mask_BT,
                     self.advantages_B, "grpo", eps_high, aggregation)
     self.assertAlmostEqual(float(loss), want, places=5)
