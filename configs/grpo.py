@@ -169,14 +169,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.chat_template = "chatml"
     config.lora.update(mode="lora", rank=16, alpha=32.0)
     config.optimizer.learning_rate = 2e-4
+    # Measured on 2 CPU cores (24 GiB): about 37 s per update; 4 prompts
+    # per batch without remat ran out of memory in the first update.
+    config.remat.policy = "full"
     config.train.steps = 100
-    config.train.batch_size = 4
+    config.train.batch_size = 2
     config.rl.update(num_generations=8, beta=0.0)
-    # The exact answer (the first "#### N") is the reward; the format
-    # reward (a completion that ends with its answer) is logged apart.
-    config.rl.rewards = (("first_answer", 1.0), ("answer_format", 0.1))
-    config.rollout.update(max_prompt_length=160, max_new_tokens=48,
-                          temperature=0.8, stop_tokens=("<|im_end|>",))
+    # The exact answer (the first "#### N") is the only reward: with a format
+    # reward beside it (answer_format, 0.1) the policy learnt to answer
+    # "#### N" alone in 30 updates and fell from 6.0% to 1.5% held-out.
+    config.rl.rewards = (("first_answer", 1.0),)
+    config.rollout.update(max_prompt_length=128, max_new_tokens=64,
+                          temperature=1.0, stop_tokens=("<|im_end|>",))
   if variant == "smollm2":
     config.data.chat_template = "chatml"
     config.optimizer.learning_rate = 3e-6
