@@ -101,7 +101,8 @@ def _evaluate() -> None:
       max_gen_toks=_MAX_GEN_TOKS.value, add_bos=_ADD_BOS.value,
       seed=_SEED.value,
       chat_template=_CHAT_TEMPLATE.value and chat_lib.load_template(
-          _chat_template_spec(_CHAT_TEMPLATE.value), key="--chat_template"))
+          chat_lib.user_template(_CHAT_TEMPLATE.value),
+          key="--chat_template"))
   logging.info("Loaded %s with tokenizer %s.", checkpoint,
                lm.text_tokenizer.path)
   out = {}
@@ -131,11 +132,6 @@ def _evaluate() -> None:
               encoding="utf-8") as f:
       json.dump(out, f, indent=2, default=str)
       f.write("\n")
-
-
-def _chat_template_spec(spec: str) -> str:
-  """A file spec as the user typed it, resolved; a built-in name as is."""
-  return spec if spec in chat_lib.TEMPLATES else paths.user_path(spec)
 
 
 def console_main() -> None:

@@ -83,6 +83,7 @@ TENSOR_TYPES = {
     30: _TensorType("BF16", 1, 2),
 }
 _PLAIN = {"F32": _f32, "F16": _f16, "BF16": _bf16}
+_BY_NAME = {kind.name: kind for kind in TENSOR_TYPES.values()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +189,7 @@ class GgufFile:
             start: int) -> TensorInfo:
     kind = TENSOR_TYPES.get(type_id)
     if kind is None:
-      valid = sorted(t.name for t in TENSOR_TYPES.values())
+      valid = sorted(_BY_NAME)
       raise GgufError(f"{self.path}: tensor {name} has ggml type {type_id},"
                       f" which is not read; valid types: {valid}.")
     count = int(np.prod(shape, dtype=np.int64))
@@ -210,8 +211,7 @@ class GgufFile:
     if plain is not None:
       flat = plain(np.asarray(raw))
     else:
-      kind = next(t for t in TENSOR_TYPES.values()
-                  if t.name == info.type_name)
-      flat = _dequantize_blocks(np.asarray(raw), kind.block_bytes,
+      flat = _dequantize_blocks(np.asarray(raw),
+                                _BY_NAME[info.type_name].block_bytes,
                                 info.type_name)
     return flat.reshape(info.shape)

@@ -163,10 +163,7 @@ def batch_specs(config: PosttrainConfig, cfg: ModelConfig
   """
   rows, seq_len = config.train.rows, config.data.seq_len
   per_row = config.data.images_per_row
-  if per_row and not cfg.vision.layers:
-    raise ValueError(
-        f"data.images_per_row={per_row} needs a model with a vision tower;"
-        f" the {cfg.family} model of {config.train.load} has none.")
+  _check_tower(per_row, cfg, config.train.load)
   specs = {}
   for key in pipeline.model_keys(config.data):
     if key == packing.IMAGES:
@@ -188,13 +185,18 @@ def image_inputs(loaded: base_model.LoadedModel,
   """
   if not data.images_per_row:
     return None
-  vision = loaded.cfg.vision
-  if not vision.layers:
-    raise ValueError(
-        f"data.images_per_row={data.images_per_row} needs a model with a "
-        f"vision tower; the {loaded.cfg.family} model of {loaded.path} has "
-        "none (vision_layers=0).")
+  _check_tower(data.images_per_row, loaded.cfg, loaded.path)
   return registry.image_inputs(loaded.cfg, loaded.path)
+
+
+def _check_tower(images_per_row: int, cfg: ModelConfig, path: str) -> None:
+  """ValueError when images are asked of `cfg` (of checkpoint `path`),
+  which has no vision tower."""
+  if images_per_row and not cfg.vision.layers:
+    raise ValueError(
+        f"data.images_per_row={images_per_row} needs a model with a vision"
+        f" tower; the {cfg.family} model of {path} has none"
+        " (vision_layers=0).")
 
 
 def throughput(config: PosttrainConfig, cfg: ModelConfig, data: DataConfig,

@@ -46,16 +46,20 @@ def keep_informative(first: Any, more: Callable[[], Any], *,
   rounds = [first]
   flags = [informative(first.advantages, generations)]
   groups = flags[0].size
-  while sum(int(f.sum()) for f in flags) < groups and len(rounds) < max_rounds:
+  kept = int(flags[0].sum())
+  while kept < groups and len(rounds) < max_rounds:
     rounds.append(more())
     flags.append(informative(rounds[-1].advantages, generations))
+    kept += int(flags[-1].sum())
+  stats = {"dynamic_sampling/rounds": float(len(rounds)),
+           "dynamic_sampling/informative": float(flags[0].mean()),
+           "dynamic_sampling/filled": min(kept, groups) / groups}
+  if flags[0].all():  # Every group informative: the batch as it is.
+    return first, stats
   order = np.concatenate([np.flatnonzero(f) + i * groups
                           for i, f in enumerate(flags)] +
                          [np.flatnonzero(~f) + i * groups
                           for i, f in enumerate(flags)])[:groups]
   rows = (order[:, None] * generations + np.arange(generations)).ravel()
-  batch = jax.tree.map(lambda *parts: jnp.concatenate(parts)[rows], *rounds)
-  kept = sum(int(f.sum()) for f in flags)
-  return batch, {"dynamic_sampling/rounds": float(len(rounds)),
-                 "dynamic_sampling/informative": float(flags[0].mean()),
-                 "dynamic_sampling/filled": min(kept, groups) / groups}
+  return jax.tree.map(lambda *parts: jnp.concatenate(parts)[rows],
+                      *rounds), stats
