@@ -168,19 +168,25 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.source = "word_problems"
     config.data.chat_template = "chatml"
     config.lora.update(mode="lora", rank=16, alpha=32.0)
-    config.optimizer.learning_rate = 2e-4
-    # Measured on 2 CPU cores (24 GiB): about 37 s per update; 4 prompts
-    # per batch without remat ran out of memory in the first update.
-    config.remat.policy = "full"
-    config.train.steps = 100
+    config.optimizer.learning_rate = 3e-4
+    # 2 prompts x 8 completions: the actor step's temporaries are 7.9 GiB
+    # (aot_compile, most of it the 49k-vocabulary logits); full remat saves
+    # only 0.5 GiB of them for 30% more FLOPs.
+    config.remat.policy = "none"
+    config.train.steps = 60
     config.train.batch_size = 2
-    config.rl.update(num_generations=8, beta=0.0)
+    # Dynamic sampling: about a third of the groups hold both a right and a
+    # wrong answer, so each update samples up to 4 batches of prompts (2.8
+    # on average) to train on such groups (89% of them).
+    config.rl.update(num_generations=8, beta=0.0, dynamic_sampling_rounds=4)
     # The exact answer (the first "#### N") is the only reward: with a format
     # reward beside it (answer_format, 0.1) the policy learnt to answer
     # "#### N" alone in 30 updates and fell from 6.0% to 1.5% held-out.
     config.rl.rewards = (("first_answer", 1.0),)
+    # Temperature 1 got 2.1% of the answers right (greedy: 6.0%). 60
+    # updates took 54.7 min on 2 CPU cores: held-out 6.0% -> 35.5%.
     config.rollout.update(max_prompt_length=128, max_new_tokens=64,
-                          temperature=1.0, stop_tokens=("<|im_end|>",))
+                          temperature=0.7, stop_tokens=("<|im_end|>",))
   if variant == "smollm2":
     config.data.chat_template = "chatml"
     config.optimizer.learning_rate = 3e-6
