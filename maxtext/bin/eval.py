@@ -7,7 +7,7 @@ tokenizer (override with --tokenizer), runs lm-eval tasks through our model
 table. The bundled tasks are maxtext_capitals (multiple choice),
 maxtext_arithmetic (generation, exact match) and maxtext_word_problems (the
 held-out set of the RL word problems, exact "#### N" answer; for a chat model
-give --chat_template); --include_path adds folders of your own task YAML
+give --chat_template; maxtext_word_problems_easy: the easy split's); --include_path adds folders of your own task YAML
 files. --chat_template renders each request as a conversation. --perplexity_data scores documents (text, JSONL,
 Parquet, ... as in training data) in windows of --max_length tokens.
 --output writes the scores as JSON (with --log_samples, also each request

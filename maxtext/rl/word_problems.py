@@ -12,7 +12,8 @@ answer as a string. Splits: "easy"
 two-step problems). `write_split(folder, split)` writes a split's train
 and held-out sets (`BUNDLED` sizes), which never share a question; the
 standard held-out set is also the eval task's data
-(maxtext/eval/tasks/maxtext_word_problems).
+(maxtext/eval/tasks/maxtext_word_problems), the easy one that of
+maxtext_word_problems_easy.
 """
 
 import json

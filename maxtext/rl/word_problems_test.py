@@ -1,6 +1,7 @@
 """Tests of maxtext.rl.word_problems: each answer follows from its question,
 the sets are deterministic with distinct questions, train and held-out share
-none, and eval's maxtext_word_problems data is the standard held-out set."""
+none, and eval's maxtext_word_problems (maxtext_word_problems_easy) data is
+the standard (easy) held-out set."""
 
 import json
 import os
@@ -11,9 +12,9 @@ from absl.testing import absltest
 from maxtext.rl import rewards
 from maxtext.rl import word_problems
 
-_TASK_DATA = os.path.join(
+_TASKS = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "eval",
-    "tasks", "maxtext_word_problems", "heldout.jsonl")
+    "tasks")
 
 
 def _solve(question: str) -> int:
@@ -66,10 +67,14 @@ class WordProblemsTest(absltest.TestCase):
       self.assertEmpty({r["question"] for r in train} &
                        {r["question"] for r in heldout})
 
-  def test_the_eval_tasks_data_is_the_standard_heldout_set(self):
-    _, heldout = word_problems.write_split(self.create_tempdir().full_path,
-                                           "standard")
-    self.assertEqual(_read(_TASK_DATA), _read(heldout))
+  def test_the_eval_tasks_data_are_the_heldout_sets(self):
+    for task, split in (("maxtext_word_problems", "standard"),
+                        ("maxtext_word_problems_easy", "easy")):
+      _, heldout = word_problems.write_split(
+          self.create_tempdir().full_path, split)
+      self.assertEqual(
+          _read(os.path.join(_TASKS, task, "heldout.jsonl")), _read(heldout),
+          task)
 
   def test_an_unknown_split_is_named(self):
     with self.assertRaisesRegex(ValueError, r"split='hard' is invalid; valid:"
