@@ -22,7 +22,11 @@ Metrics (log, <workdir>/metrics.jsonl, TensorBoard): Tunix's
 "<group>/<mode>/<name>" events written as "<mode>/<group>/<name>", e.g.
 train/actor/loss, train/actor/kl, train/rewards/sum (the total reward),
 train/rewards/<fn> (each weighted reward's mean), train/rewards/<fn>_std,
-train/completions/mean_length, train/rollout/tokens_per_s. The trained
+train/completions/mean_length, train/rollout/tokens_per_s and
+train/rollout/seconds (the sampling's speed and wall time),
+train/perf/batch_seconds (the wall time since the previous batch's
+rewards: the policy update between them, this batch's rollouts and
+scoring). The trained
 policy is exported to <workdir>/export like an SFT run.
 """
 
@@ -31,6 +35,7 @@ import functools
 import os
 import random
 import shutil
+import time
 from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
@@ -260,7 +265,9 @@ def grpo_config(config: RlRunConfig) -> grpo_learner.GRPOConfig:
 
 
 def _metric_fns(reward_fns, cluster: rl_cluster_lib.RLCluster):
-  """Per-reward standard deviations and the rollout's tokens/s."""
+  """Per-reward standard deviations, the rollout's speed and time, and the
+  wall time of each batch's whole cycle."""
+  previous = []
 
   def metrics(prompts, completions, rewards, advantages, **columns):
     del prompts, completions, advantages, columns
@@ -269,9 +276,16 @@ def _metric_fns(reward_fns, cluster: rl_cluster_lib.RLCluster):
                                           np.mean)
            for fn in reward_fns}
     out["rewards/std"] = (float(np.std(rewards)), np.mean)
-    speed = getattr(cluster.rollout, "last_tokens_per_s", None)
-    if speed is not None:
-      out["rollout/tokens_per_s"] = (float(speed), np.mean)
+    rollout = cluster.rollout
+    out["rollout/tokens_per_s"] = (rollout.last_tokens_per_s, np.mean)
+    out["rollout/seconds"] = (rollout.last_seconds, np.mean)
+    # Since the previous batch's rewards (train or eval): the policy update
+    # between them (none between dynamic sampling's rounds), then this
+    # batch's rollouts and scoring.
+    now = time.perf_counter()
+    if previous:
+      out["perf/batch_seconds"] = (now - previous[-1], np.mean)
+    previous[:] = [now]
     return out
 
   return [metrics]

@@ -188,7 +188,16 @@ class RunTest(absltest.TestCase):
     first, last = np.mean(reward[:4]), np.mean(reward[-4:])
     self.assertGreater(last, first + 0.2, reward)
     self.assertIn("train/actor/kl", metrics[5])
-    self.assertGreater(metrics[5]["train/rollout/tokens_per_s"], 0)
+    # The rollout's speed and time are those of its generated tokens; a
+    # batch's cycle holds its rollout.
+    step = metrics[5]
+    completions = config.train.batch_size * config.rl.num_generations
+    self.assertAlmostEqual(
+        step["train/rollout/tokens_per_s"] * step["train/rollout/seconds"],
+        step["train/completions/mean_length"] * completions, places=3)
+    self.assertNotIn("train/perf/batch_seconds", metrics[0])
+    self.assertGreater(step["train/perf/batch_seconds"],
+                       step["train/rollout/seconds"])
 
   def test_dapo_toy_penalises_the_rollouts_own_lengths(self):
     config = grpo_config.get_config("dapo")

@@ -49,12 +49,7 @@ def _mesh_of(tree: Any) -> jax.sharding.Mesh | None:
 
 
 class JaxRollout(rollout_base.PolicyRollout):
-  """Rollouts with `maxtext.inference.generate` (see the module docstring).
-
-  Attributes:
-    last_tokens_per_s: Generated tokens per second of the latest `generate`
-      (compilation included when it compiled).
-  """
+  """Rollouts with `maxtext.inference.generate` (see the module docstring)."""
 
   def __init__(self, rollout_actor: nnx.Module, tokenizer: Any,
                mesh: jax.sharding.Mesh,
@@ -80,7 +75,6 @@ class JaxRollout(rollout_base.PolicyRollout):
     self._config = rollout_config
     self._pad_to = pad_to
     self._seed = seed
-    self.last_tokens_per_s = 0.0
     state = nnx.state(rollout_actor)
     if mesh is None or mesh.empty or _mesh_of(state) in (None, mesh):
       self._policy = rollout_actor
@@ -116,10 +110,9 @@ class JaxRollout(rollout_base.PolicyRollout):
         stop_ids=stop_ids, suppress_ids=suppress_ids, seed=seed,
         pad_to=self._pad_to)
     elapsed = time.perf_counter() - start
-    self.last_tokens_per_s = sum(map(len, tokens)) / max(elapsed, 1e-9)
     return self._output([np.asarray(t, np.int32) for t in tokens],
                         [self._text(t, stop_ids) for t in tokens], logprobs,
-                        prompt_ids, max_prompt)
+                        prompt_ids, max_prompt, elapsed)
 
   def update_params(self, params: Any, filter_types: Any = None) -> None:
     """Takes the policy's new weights `params` (a state of its variables,

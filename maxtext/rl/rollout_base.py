@@ -27,10 +27,15 @@ class PolicyRollout(base_rollout.BaseRollout):
   Attributes:
     last_lengths: Tokens of each completion of the latest `generate` (its
       stop token included), for length-based rewards.
+    last_seconds: Wall time of the latest `generate`'s sampling
+      (compilation included when it compiled).
+    last_tokens_per_s: Its generated tokens per second.
   """
 
   mesh: jax.sharding.Mesh | None = None
   last_lengths: tuple[int, ...] = ()
+  last_seconds: float = 0.0
+  last_tokens_per_s: float = 0.0
   _policy: nnx.Module
   _tokenizer: Any
   _config: base_rollout.RolloutConfig
@@ -59,10 +64,12 @@ class PolicyRollout(base_rollout.BaseRollout):
 
   def _output(self, tokens: list[np.ndarray], texts: list[str],
               logprobs: Any, prompt_ids: list[list[int]],
-              max_prompt: int) -> base_rollout.RolloutOutput:
-    """The `RolloutOutput` of a `generate`, whose completions' lengths it
-    keeps in `last_lengths`."""
+              max_prompt: int, seconds: float) -> base_rollout.RolloutOutput:
+    """The `RolloutOutput` of a `generate` whose sampling took `seconds`;
+    keeps its completions' lengths and speed (`last_*`)."""
     self.last_lengths = tuple(len(t) for t in tokens)
+    self.last_seconds = seconds
+    self.last_tokens_per_s = sum(self.last_lengths) / max(seconds, 1e-9)
     return base_rollout.RolloutOutput(
         text=texts, logits=None, tokens=tokens,
         left_padded_prompt_tokens=self._left_padded(prompt_ids, max_prompt),

@@ -34,6 +34,7 @@ Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 import functools
 import os
 import tempfile
+import time
 from typing import Any
 
 from absl import logging
@@ -221,10 +222,12 @@ class VllmRollout(rollout_base.PolicyRollout):
           f"{rollout_config.max_tokens_to_generate} exceeds the engine's "
           f"max_model_len={self._max_model_len}; raise max_model_len.")
     sampling_params = self._sampling_params(rollout_config, kwargs)
+    start = time.perf_counter()
     outputs = self.llm.generate(
         [vllm.TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
         self._seeded(sampling_params, rollout_config.seed, len(prompts)),
         use_tqdm=False)
+    elapsed = time.perf_counter() - start
     stop_ids = sampling_params.stop_token_ids
     tokens, texts, logprobs = [], [], []
     for output in outputs:
@@ -233,7 +236,8 @@ class VllmRollout(rollout_base.PolicyRollout):
       texts.append(self._text(ids, stop_ids))
       logprobs.append(np.array(tunix_utils.get_logprobs_from_vllm_output(
           ids, output.outputs[0].logprobs), np.float32))
-    return self._output(tokens, texts, logprobs, prompt_ids, max_prompt)
+    return self._output(tokens, texts, logprobs, prompt_ids, max_prompt,
+                        elapsed)
 
   def update_params(self, params: jaxtyping.PyTree,
                     filter_types: tuple[Any, ...] | None = None) -> None:

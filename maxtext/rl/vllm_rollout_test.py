@@ -138,6 +138,11 @@ class VllmRolloutTest(absltest.TestCase):
       expected_prompts[row, 8 - len(ids):] = ids
     np.testing.assert_array_equal(out.left_padded_prompt_tokens,
                                   expected_prompts)
+    # The speed the metrics log is that of the generated tokens.
+    self.assertGreater(self.rollout.last_seconds, 0)
+    self.assertAlmostEqual(
+        self.rollout.last_tokens_per_s * self.rollout.last_seconds,
+        sum(len(t) for t in out.tokens), places=6)
 
   def test_logprobs_equal_our_log_softmax(self):
     out = self.rollout.generate(list(_PROMPTS), _config())
