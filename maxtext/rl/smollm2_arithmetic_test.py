@@ -20,6 +20,11 @@ import os
 import tempfile
 import time
 
+# `datasets` (under lm-eval) caches in ~/.cache, read-only in Bazel's test
+# sandbox; set before it is imported.
+os.environ.setdefault("HF_HOME", os.path.join(
+    os.environ.get("TEST_TMPDIR", tempfile.gettempdir()), "huggingface"))
+
 from absl import flags
 from absl.testing import absltest
 import numpy as np
