@@ -1,0 +1,316 @@
+r"""Our train step against MaxText's, compiled for TPU topologies from this host.
+
+For each `--rows` entry (`ROWS`: a model, a TPU topology, a mesh, a global
+batch, a sequence length and a remat policy, the same in both; bfloat16
+activations, float32 weights and AdamW in both), compiles
+our train step (`maxtext.aot.compile_step`, what `aot_compile` runs) in
+this process and MaxText's (`maxtext.trainers.pre_train.train_compile`, PyPI
+`maxtext`, in its own Python 3.12 virtualenv with the libtpu its jax pins;
+the one `maxtext_side_by_side.py` makes) in a subprocess, and prints per
+program, per device: argument, output, aliased, temporary and total bytes
+against the chip's HBM, XLA's FLOPs and bytes accessed, and the count and
+bytes of each collective kind (each op's largest result array). `--bisect` also finds, for each row,
+the largest global batch (a multiple of the data-parallel devices) whose
+step fits in each program.
+
+Collectives are counted in the compiled program's text: a scanned layer
+stack's body appears once. The two programs use different jax and libtpu
+versions (printed). XLA's
+cost analysis counts a scanned layer stack's body once: ours extrapolates
+from unrolled variants (`compile_step.xla_costs`), MaxText's figures are as
+its compiled step reports them (its `scan_layers=true` default), so its
+FLOPs and bytes accessed are those of about one layer plus the rest.
+
+Run from the repository root with the dev environment (not under Bazel: it
+starts MaxText as a subprocess):
+
+  PYTHONPATH=. python tools/bench/aot_side_by_side.py --rows=llama3_8b
+  PYTHONPATH=. python tools/bench/aot_side_by_side.py --rows=llama3_8b \
+      --bisect
+"""
+
+import collections
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+from absl import app
+from absl import flags
+
+_VENV = flags.DEFINE_string("venv", "/tmp/maxtext_venv",
+                            "MaxText's virtualenv (see maxtext_side_by_side).")
+_ROWS = flags.DEFINE_list("rows", ["llama3_8b", "mixtral_8x7b", "gemma3_27b"],
+                          "Rows of ROWS.")
+_BISECT = flags.DEFINE_bool("bisect", False,
+                            "Also find each program's largest global batch.")
+_SIDES = flags.DEFINE_list("sides", ["ours", "maxtext"], "Programs to run.")
+
+_GIB = 2**30
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+               "collective-permute")
+# A collective op (an async "-start" half counted once) and its result
+# type: an array, or a tuple of them for the async ops.
+_OP_RE = re.compile(r"=\s*(.+?)\s(" + "|".join(COLLECTIVES) +
+                    r")(?:-start)?\(")
+_SHAPE_RE = re.compile(r"\b(pred|[a-z]+\d+(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+                "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
+                "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One model, topology and shape, in both programs' terms."""
+  topology: str
+  # Ours: configs/<file>.py variant and dotted overrides.
+  config: str
+  ours: dict
+  # MaxText: model_name and other base.yml overrides.
+  maxtext: dict
+  batch: int
+  seq_len: int
+  remat: str = "full"
+
+
+ROWS = {
+    "llama3_8b": Row(
+        topology="v5p-8", config="llama3:8b", batch=8, seq_len=8192,
+        ours={"mesh.ici.data": 1, "mesh.ici.fsdp": -1},
+        maxtext={"model_name": "llama3-8b", "ici_fsdp_parallelism": -1}),
+    "mixtral_8x7b": Row(
+        topology="v5p-32", config="mixtral:8x7b", batch=16, seq_len=4096,
+        ours={"mesh.ici.data": 1, "mesh.ici.fsdp": -1, "mesh.ici.expert": 8},
+        maxtext={"model_name": "mixtral-8x7b", "ici_fsdp_parallelism": -1,
+                 "ici_expert_parallelism": 8}),
+    "gemma3_27b": Row(
+        topology="v6e-16", config="gemma3:27b", batch=16, seq_len=4096,
+        ours={"mesh.ici.data": 1, "mesh.ici.fsdp": -1},
+        maxtext={"model_name": "gemma3-27b", "ici_fsdp_parallelism": -1}),
+}
+
+
+def collective_stats(hlo_text: str) -> dict[str, tuple[int, int]]:
+  """{kind: (count, bytes)} of the collectives in HLO text; an op's bytes
+  are its largest result array (an async op's result tuple holds its
+  operand and its output buffer)."""
+  stats = collections.defaultdict(lambda: [0, 0])
+  for result, kind in _OP_RE.findall(hlo_text):
+    sizes = [0]
+    for dtype, dims in _SHAPE_RE.findall(result):
+      size = _DTYPE_BYTES.get(dtype, 4)
+      for d in filter(None, dims.split(",")):
+        size *= int(d)
+      sizes.append(size)
+    stats[kind][0] += 1
+    stats[kind][1] += max(sizes)
+  return {kind: tuple(stats[kind]) for kind in COLLECTIVES if kind in stats}
+
+
+def _figures(memory, cost: dict, hlo_text: str, hbm: int) -> dict:
+  total = (memory["argument"] + memory["output"] - memory["alias"] +
+           memory["temp"] + memory["code"])
+  return dict(memory, total=total, hbm=hbm,
+              flops=float(cost.get("flops", 0.0)),
+              bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+              collectives=collective_stats(hlo_text))
+
+
+def _memory_dict(stats) -> dict[str, int]:
+  return dict(argument=stats.argument_size_in_bytes,
+              output=stats.output_size_in_bytes,
+              alias=stats.alias_size_in_bytes,
+              temp=stats.temp_size_in_bytes,
+              code=stats.generated_code_size_in_bytes)
+
+
+# Runs in MaxText's virtualenv: compiles with train_compile.main and writes
+# the compiled step's memory, cost analysis and HLO text.
+_MAXTEXT_WRAPPER = r"""
+import json, sys
+import jax
+from maxtext.trainers.pre_train import train_compile
+out = sys.argv[1]
+captured = []
+compile_fn = train_compile.jit_and_compile
+def capture(*args, **kwargs):
+  captured.append(compile_fn(*args, **kwargs))
+  return captured[-1]
+train_compile.jit_and_compile = capture
+try:
+  train_compile.main([sys.argv[0], *sys.argv[2:]])
+except Exception as e:
+  if "RESOURCE_EXHAUSTED" not in str(e):
+    raise
+  json.dump({"oom": str(e).splitlines()[0]}, open(out + ".json", "w"))
+  sys.exit(0)
+compiled = captured[-1]
+m = compiled.memory_analysis()
+cost = compiled.cost_analysis() or {}
+cost = cost[0] if isinstance(cost, list) else cost
+json.dump({"memory": dict(
+    argument=m.argument_size_in_bytes, output=m.output_size_in_bytes,
+    alias=m.alias_size_in_bytes, temp=m.temp_size_in_bytes,
+    code=m.generated_code_size_in_bytes),
+    "cost": {k: float(v) for k, v in cost.items()
+             if k in ("flops", "bytes accessed")},
+    "versions": f"jax {jax.__version__}, libtpu "
+                + __import__("importlib.metadata").metadata.version("libtpu")},
+    open(out + ".json", "w"))
+open(out + ".hlo", "w").write(compiled.as_text())
+"""
+
+
+def run_maxtext(row: Row, batch: int, devices: int, hbm: int) -> dict:
+  """MaxText's figures for `row` at global `batch` ({"oom": why} when its
+  compiler runs out of HBM)."""
+  python = os.path.join(_VENV.value, "bin", "python")
+  site = subprocess.run(
+      [python, "-c", "import maxtext, os; print(os.path.dirname("
+       "maxtext.__file__))"], capture_output=True, text=True, check=True)
+  base = os.path.join(site.stdout.strip(), "configs", "base.yml")
+  overrides = {
+      **row.maxtext, "compile_topology": row.topology,
+      "compile_topology_num_slices": 1, "max_target_length": row.seq_len,
+      "per_device_batch_size": batch / devices,
+      "remat_policy": row.remat, "dtype": "bfloat16",
+      "weight_dtype": "float32", "dataset_type": "synthetic",
+      "enable_checkpointing": False, "skip_jax_distributed_system": True,
+      "run_name": "aot_side_by_side"}
+  with tempfile.TemporaryDirectory() as folder:
+    out = os.path.join(folder, "step")
+    overrides["base_output_directory"] = folder
+    result = subprocess.run(
+        [python, "-c", _MAXTEXT_WRAPPER, out, base,
+         *(f"{k}={v}" for k, v in overrides.items())],
+        env={**os.environ, "DECOUPLE_GCLOUD": "TRUE", "PYTHONPATH": ""},
+        capture_output=True, text=True, cwd=folder)
+    if result.returncode:
+      raise RuntimeError(f"MaxText's train_compile failed:\n"
+                         f"{(result.stdout + result.stderr)[-3000:]}")
+    with open(out + ".json", encoding="utf-8") as f:
+      got = json.load(f)
+    if "oom" in got:
+      return got
+    with open(out + ".hlo", encoding="utf-8") as f:
+      hlo = f.read()
+  figures = _figures(got["memory"], got["cost"], hlo, hbm)
+  figures["versions"] = got["versions"]
+  return figures
+
+
+def run_ours(row: Row, batch: int, hardware) -> dict:
+  """Our figures for `row` at global `batch` ({"oom": why} when the
+  compiler runs out of HBM)."""
+  # pylint: disable=g-import-not-at-top
+  import importlib
+  import jax
+  from maxtext.aot import compile_step
+  from maxtext.trainers.config import ExperimentConfig
+  # pylint: enable=g-import-not-at-top
+  module, variant = row.config.split(":")
+  config = importlib.import_module(f"configs.{module}").get_config(variant)
+  settings = {**row.ours, "model.dtype": "bfloat16",
+              "model.param_dtype": "float32", "data.seq_len": row.seq_len,
+              "train.batch_size": batch, "remat.policy": row.remat,
+              "data.source": "synthetic"}
+  for key, value in settings.items():
+    *parents, name = key.split(".")
+    node = config
+    for parent in parents:
+      node = node[parent]
+    node[name] = value
+  experiment = ExperimentConfig.from_config_dict(config)
+  try:
+    step = compile_step.compile_train_step(experiment, hardware)
+  except compile_step.DoesNotFitError as e:
+    return {"oom": str(e)}
+  costs, _ = compile_step.xla_costs(step, experiment)
+  figures = _figures(_memory_dict(step.compiled.memory_analysis()), costs,
+                     step.compiled.as_text(), hardware.memory_bytes)
+  figures["versions"] = f"jax {jax.__version__}"
+  return figures
+
+
+def _fits(figures: dict) -> bool:
+  return "oom" not in figures and figures["total"] <= figures["hbm"]
+
+
+def _bisect(run, step: int) -> int:
+  """Largest multiple of `step` whose `run(batch)` fits (0: not even
+  `step`), doubling then bisecting."""
+  if not _fits(run(step)):
+    return 0
+  good, bad = step, None
+  while bad is None:
+    trial = good * 2
+    if _fits(run(trial)):
+      good = trial
+    else:
+      bad = trial
+  while bad - good > step:
+    middle = (good + bad) // 2 // step * step
+    if _fits(run(middle)):
+      good = middle
+    else:
+      bad = middle
+  return good
+
+
+def _print(name: str, side: str, f: dict) -> None:
+  if "oom" in f:
+    print(f"{name} {side}: does not fit: {f['oom']}")
+    return
+  gib = {k: f[k] / _GIB for k in ("argument", "output", "alias", "temp",
+                                  "code", "total", "hbm")}
+  collectives = ", ".join(f"{k} x{n} ({b / _GIB:.2f} GiB)"
+                          for k, (n, b) in f["collectives"].items())
+  print(f"| {name} | {side} | {gib['argument']:.2f} | {gib['output']:.2f} |"
+        f" {gib['alias']:.2f} | {gib['temp']:.2f} | {gib['total']:.2f} /"
+        f" {gib['hbm']:.1f} | {f['flops']:.3e} | {f['bytes_accessed']:.3e} |"
+        f" {collectives} |", flush=True)
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  unknown = [r for r in _ROWS.value if r not in ROWS]
+  if unknown:
+    raise app.UsageError(f"--rows holds {unknown}; valid: {sorted(ROWS)}.")
+  # pylint: disable=g-import-not-at-top
+  from maxtext.aot import topology as topology_lib
+  # pylint: enable=g-import-not-at-top
+  print("| row | program | arguments GiB | outputs | aliased | temporaries |"
+        " total / HBM | XLA FLOPs | bytes accessed | collectives (count,"
+        " result bytes) |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
+  configured = False
+  versions = {}
+  for name in _ROWS.value:
+    row = ROWS[name]
+    target = topology_lib.parse_topology(row.topology)
+    if not configured:
+      topology_lib.configure_backend(target)
+      configured = True
+    hardware = topology_lib.make_devices(target)
+    devices = len(hardware.devices)
+    runs = {"ours": lambda b, r=row, h=hardware: run_ours(r, b, h),
+            "maxtext": lambda b, r=row, d=devices, h=hardware: run_maxtext(
+                r, b, d, h.memory_bytes)}
+    for side in _SIDES.value:
+      figures = runs[side](row.batch)
+      versions[side] = figures.get("versions", versions.get(side))
+      _print(name, side, figures)
+    if _BISECT.value:
+      for side in _SIDES.value:
+        largest = _bisect(runs[side], devices)
+        print(f"{name} {side}: largest global batch that fits: {largest}",
+              flush=True)
+  print(f"Versions: {versions}; {sys.version.split()[0]} here.")
+
+
+if __name__ == "__main__":
+  app.run(main)
