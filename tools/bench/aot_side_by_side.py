@@ -48,6 +48,11 @@ _ROWS = flags.DEFINE_list("rows", ["llama3_8b", "mixtral_8x7b", "gemma3_27b"],
 _BISECT = flags.DEFINE_bool("bisect", False,
                             "Also find each program's largest global batch.")
 _SIDES = flags.DEFINE_list("sides", ["ours", "maxtext"], "Programs to run.")
+_ATTENTION = flags.DEFINE_enum(
+    "attention", "flash", ["flash", "dot_product"],
+    "flash: each program's TPU default (our splash kernel, MaxText's"
+    " autoselected flash); dot_product: plain attention in both (our"
+    " reference kernel, MaxText's dot_product), no Pallas.")
 
 _GIB = 2**30
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
@@ -177,6 +182,8 @@ def run_maxtext(row: Row, batch: int, devices: int, hbm: int) -> dict:
       "compile_topology_num_slices": 1, "max_target_length": row.seq_len,
       "per_device_batch_size": batch / devices,
       "remat_policy": row.remat, "dtype": "bfloat16",
+      "attention": ("dot_product" if _ATTENTION.value == "dot_product"
+                    else "autoselected"),
       "weight_dtype": "float32", "dataset_type": "synthetic",
       "enable_checkpointing": False, "skip_jax_distributed_system": True,
       "run_name": "aot_side_by_side"}
@@ -202,9 +209,10 @@ def run_maxtext(row: Row, batch: int, devices: int, hbm: int) -> dict:
   return figures
 
 
-def run_ours(row: Row, batch: int, hardware) -> dict:
+def run_ours(row: Row, batch: int, hardware, costs: bool = True) -> dict:
   """Our figures for `row` at global `batch` ({"oom": why} when the
-  compiler runs out of HBM)."""
+  compiler runs out of HBM); without `costs`, no FLOPs and bytes accessed
+  (they compile unrolled variants)."""
   # pylint: disable=g-import-not-at-top
   import importlib
   import jax
@@ -216,7 +224,10 @@ def run_ours(row: Row, batch: int, hardware) -> dict:
   settings = {**row.ours, "model.dtype": "bfloat16",
               "model.param_dtype": "float32", "data.seq_len": row.seq_len,
               "train.batch_size": batch, "remat.policy": row.remat,
-              "data.source": "synthetic"}
+              "data.source": "synthetic",
+              "attention_kernel.impl": ("reference"
+                                        if _ATTENTION.value == "dot_product"
+                                        else "auto")}
   for key, value in settings.items():
     *parents, name = key.split(".")
     node = config
@@ -228,8 +239,8 @@ def run_ours(row: Row, batch: int, hardware) -> dict:
     step = compile_step.compile_train_step(experiment, hardware)
   except compile_step.DoesNotFitError as e:
     return {"oom": str(e)}
-  costs, _ = compile_step.xla_costs(step, experiment)
-  figures = _figures(_memory_dict(step.compiled.memory_analysis()), costs,
+  xla = compile_step.xla_costs(step, experiment)[0] if costs else {}
+  figures = _figures(_memory_dict(step.compiled.memory_analysis()), xla,
                      step.compiled.as_text(), hardware.memory_bytes)
   figures["versions"] = f"jax {jax.__version__}"
   return figures
@@ -306,7 +317,9 @@ def main(argv: list[str]) -> None:
       _print(name, side, figures)
     if _BISECT.value:
       for side in _SIDES.value:
-        largest = _bisect(runs[side], devices)
+        fit = runs[side] if side == "maxtext" else (
+            lambda b, r=row, h=hardware: run_ours(r, b, h, costs=False))
+        largest = _bisect(fit, devices)
         print(f"{name} {side}: largest global batch that fits: {largest}",
               flush=True)
   print(f"Versions: {versions}; {sys.version.split()[0]} here.")
