@@ -6,7 +6,7 @@ activations, float32 weights and AdamW in both), compiles
 our train step (`maxtext.aot.compile_step`, what `aot_compile` runs) in
 this process and MaxText's (`maxtext.trainers.pre_train.train_compile`, PyPI
 `maxtext`, in its own Python 3.12 virtualenv with the libtpu its jax pins;
-the one `maxtext_side_by_side.py` makes) in a subprocess, and prints per
+made on first use as `maxtext_side_by_side.py` makes it) in a subprocess, and prints per
 program, per device: argument, output, aliased, temporary and total bytes
 against the chip's HBM, XLA's FLOPs and bytes accessed, and the count and
 bytes of each collective kind (each op's largest result array). `--bisect` also finds, for each row,
@@ -31,6 +31,7 @@ starts MaxText as a subprocess):
 
 import collections
 import dataclasses
+import importlib
 import json
 import os
 import re
@@ -40,9 +41,13 @@ import tempfile
 
 from absl import app
 from absl import flags
+import jax
 
-_VENV = flags.DEFINE_string("venv", "/tmp/maxtext_venv",
-                            "MaxText's virtualenv (see maxtext_side_by_side).")
+from maxtext.aot import compile_step
+from maxtext.aot import topology as topology_lib
+from maxtext.trainers.config import ExperimentConfig
+from tools.bench import maxtext_side_by_side
+
 _ROWS = flags.DEFINE_list("rows", ["llama3_8b", "mixtral_8x7b", "gemma3_27b"],
                           "Rows of ROWS.")
 _BISECT = flags.DEFINE_bool("bisect", False,
@@ -55,11 +60,9 @@ _ATTENTION = flags.DEFINE_enum(
     " reference kernel, MaxText's dot_product), no Pallas.")
 
 _GIB = 2**30
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-               "collective-permute")
 # A collective op (an async "-start" half counted once) and its result
 # type: an array, or a tuple of them for the async ops.
-_OP_RE = re.compile(r"=\s*(.+?)\s(" + "|".join(COLLECTIVES) +
+_OP_RE = re.compile(r"=\s*(.+?)\s(" + "|".join(compile_step.COLLECTIVES) +
                     r")(?:-start)?\(")
 _SHAPE_RE = re.compile(r"\b(pred|[a-z]+\d+(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
@@ -112,7 +115,8 @@ def collective_stats(hlo_text: str) -> dict[str, tuple[int, int]]:
       sizes.append(size)
     stats[kind][0] += 1
     stats[kind][1] += max(sizes)
-  return {kind: tuple(stats[kind]) for kind in COLLECTIVES if kind in stats}
+  return {kind: tuple(stats[kind]) for kind in compile_step.COLLECTIVES
+          if kind in stats}
 
 
 def _figures(memory, cost: dict, hlo_text: str, hbm: int) -> dict:
@@ -172,11 +176,8 @@ open(out + ".hlo", "w").write(compiled.as_text())
 def run_maxtext(row: Row, batch: int, devices: int, hbm: int) -> dict:
   """MaxText's figures for `row` at global `batch` ({"oom": why} when its
   compiler runs out of HBM)."""
-  python = os.path.join(_VENV.value, "bin", "python")
-  site = subprocess.run(
-      [python, "-c", "import maxtext, os; print(os.path.dirname("
-       "maxtext.__file__))"], capture_output=True, text=True, check=True)
-  base = os.path.join(site.stdout.strip(), "configs", "base.yml")
+  python = maxtext_side_by_side.ensure_venv()
+  base = maxtext_side_by_side.base_yml(python)
   overrides = {
       **row.maxtext, "compile_topology": row.topology,
       "compile_topology_num_slices": 1, "max_target_length": row.seq_len,
@@ -213,12 +214,6 @@ def run_ours(row: Row, batch: int, hardware, costs: bool = True) -> dict:
   """Our figures for `row` at global `batch` ({"oom": why} when the
   compiler runs out of HBM); without `costs`, no FLOPs and bytes accessed
   (they compile unrolled variants)."""
-  # pylint: disable=g-import-not-at-top
-  import importlib
-  import jax
-  from maxtext.aot import compile_step
-  from maxtext.trainers.config import ExperimentConfig
-  # pylint: enable=g-import-not-at-top
   module, variant = row.config.split(":")
   config = importlib.import_module(f"configs.{module}").get_config(variant)
   settings = {**row.ours, "model.dtype": "bfloat16",
@@ -228,12 +223,7 @@ def run_ours(row: Row, batch: int, hardware, costs: bool = True) -> dict:
               "attention_kernel.impl": ("reference"
                                         if _ATTENTION.value == "dot_product"
                                         else "auto")}
-  for key, value in settings.items():
-    *parents, name = key.split(".")
-    node = config
-    for parent in parents:
-      node = node[parent]
-    node[name] = value
+  config.update_from_flattened_dict(settings)
   experiment = ExperimentConfig.from_config_dict(config)
   try:
     step = compile_step.compile_train_step(experiment, hardware)
@@ -291,9 +281,6 @@ def main(argv: list[str]) -> None:
   unknown = [r for r in _ROWS.value if r not in ROWS]
   if unknown:
     raise app.UsageError(f"--rows holds {unknown}; valid: {sorted(ROWS)}.")
-  # pylint: disable=g-import-not-at-top
-  from maxtext.aot import topology as topology_lib
-  # pylint: enable=g-import-not-at-top
   print("| row | program | arguments GiB | outputs | aliased | temporaries |"
         " total / HBM | XLA FLOPs | bytes accessed | collectives (count,"
         " result bytes) |")

@@ -77,15 +77,25 @@ _MAXTEXT_COMPILE = re.compile(
 _MAXTEXT_XLA = re.compile(r"Finished XLA compilation of jit\(train_step\)")
 
 
-def _ensure_venv() -> str:
+def ensure_venv() -> str:
+  """MaxText's virtualenv python (`--venv`), made with `--python` and pip
+  when missing."""
   python = os.path.join(_VENV.value, "bin", "python")
   probe = [python, "-c", "import maxtext, jax"]
-  if os.path.exists(python) and subprocess.run(probe).returncode == 0:
+  # Without this repository's PYTHONPATH (its own maxtext and packages).
+  if os.path.exists(python) and subprocess.run(
+      probe, env={**os.environ, "PYTHONPATH": ""}).returncode == 0:
     return python
   subprocess.run([_PYTHON.value, "-m", "venv", _VENV.value], check=True)
   subprocess.run([python, "-m", "pip", "install", "-q",
                   f"maxtext[tpu]=={_MAXTEXT_VERSION.value}"], check=True)
   return python
+
+
+def base_yml(python: str) -> str:
+  """MaxText's configs/base.yml in the virtualenv of `python`."""
+  return os.path.join(os.path.dirname(python), "..", "lib", "python3.12",
+                      "site-packages", "maxtext", "configs", "base.yml")
 
 
 def _run(command: list[str], env: dict[str, str]) -> str:
@@ -131,8 +141,7 @@ def run_maxtext(python: str, shape: str,
   with tempfile.TemporaryDirectory() as out:
     output = _run([
         python, "-m", "maxtext.trainers.pre_train.train",
-        os.path.join(os.path.dirname(python), "..", "lib", "python3.12",
-                     "site-packages", "maxtext", "configs", "base.yml"),
+        base_yml(python),
         "run_name=side_by_side", f"base_output_directory={out}",
         # A fresh persistent compilation cache: every run compiles cold.
         f"jax_cache_dir={os.path.join(out, 'jax_cache')}",
@@ -155,7 +164,7 @@ def run_maxtext(python: str, shape: str,
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  python = _ensure_venv()
+  python = ensure_venv()
   print(f"load average before: {os.getloadavg()}")
   for round_index in range(_ROUNDS.value):
     for shape in _SHAPES.value:
