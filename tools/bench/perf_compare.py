@@ -1,7 +1,7 @@
 r"""Training speed of issue #14's standard shapes, MFU against a measured peak.
 
 For each `--shapes` entry (`shapes.SHAPES`; `small`'s global batch is
-`--small_batch`) prints compile seconds, the median step time of `--steps`
+`--small_batch`), with remat policy `--remat`, prints compile seconds, the median step time of `--steps`
 updates after `--warmup_steps`, tokens/s, model TFLOP/s and MFU per device
 (MFU against the matmul FLOP/s that `matmul_peak` measures right before, in
 the same dtype, for each of `--dtypes`, or against `--peak_tflops`), and
@@ -30,6 +30,7 @@ from absl import flags
 import jax
 
 from maxtext.kernels import dispatch
+from maxtext.layers import remat
 from maxtext.trainers import config as config_lib
 from maxtext.trainers import hooks
 from maxtext.trainers import pretrain
@@ -61,6 +62,12 @@ _ATTENTION_BLOCK = flags.DEFINE_integer(
 _FSDP = flags.DEFINE_bool(
     "fsdp", False, "Split parameters and batch over all devices (FSDP)"
     " instead of data parallelism.")
+_EXPERT = flags.DEFINE_integer(
+    "expert", 1, "Devices on the expert mesh axis (expert parallelism for"
+    " the MoE shapes); the rest go to data, or fsdp with --fsdp.",
+    lower_bound=1)
+_REMAT = flags.DEFINE_enum("remat", "none", remat.POLICIES,
+                           "Remat policy (maxtext.layers.remat).")
 
 
 def measure(experiment: config_lib.ExperimentConfig, *, steps: int,
@@ -100,7 +107,8 @@ def main(argv: list[str]) -> None:
                                          _ATTENTION_IMPLS.value):
       experiment = shapes_lib.experiment_config(
           shape, dtype, _SMALL_BATCH.value, fsdp=_FSDP.value,
-          attention_impl=impl, attention_block=_ATTENTION_BLOCK.value)
+          expert=_EXPERT.value, attention_impl=impl,
+          attention_block=_ATTENTION_BLOCK.value, remat=_REMAT.value)
       try:
         compile_s, step_s, throughput = measure(
             experiment, steps=_STEPS.value,
