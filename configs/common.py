@@ -155,6 +155,9 @@ def model_defaults() -> ml_collections.ConfigDict:
       # "dense" (every expert on every token: the reference).
       moe_impl="dropless",
       capacity_factor=1.25,
+      # With expert parallelism, how the dropless path moves tokens:
+      # "all_to_all", "all_gather" or "auto" (maxtext.layers.moe).
+      moe_expert_exchange="auto",
       load_balance_loss_weight=0.0,  # Auxiliary load-balancing loss.
       router_z_loss_weight=0.0,
       # "gqa" or "mla" (DeepSeek's multi-head latent attention, whose

@@ -1,6 +1,8 @@
-"""Tests of the grouped matmul: megablox (Pallas interpret mode on CPU)
-equals ragged_dot, forward and gradients; "auto" compiles to the Mosaic
-kernel for a TPU v5e chip."""
+"""Tests of the grouped matmul: megablox (Pallas interpret mode on CPU) and
+the tiled one equal ragged_dot, forward and gradients; "auto" compiles to
+the Mosaic kernel for a TPU v5e chip and to the tiled one on CPU."""
+
+import functools
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -16,9 +18,10 @@ from maxtext.sharding import rules
 _M, _K, _N = 200, 128, 256  # M is not a multiple of the 128-row tile.
 
 
-def _value_and_grads(impl, x, w, sizes, cotangent):
+def _value_and_grads(impl, x, w, sizes, cotangent, tiling=(128, 128, 128)):
   def loss(x, w):
-    out = gmm.grouped_matmul(x, w, sizes, impl=impl, interpret=True)
+    out = gmm.grouped_matmul(x, w, sizes, impl=impl, interpret=True,
+                             tiling=tiling)
     return (out.astype(jnp.float32) * cotangent).sum(), out
 
   grads, out = jax.grad(loss, argnums=(0, 1), has_aux=True)(x, w)
@@ -26,6 +29,28 @@ def _value_and_grads(impl, x, w, sizes, cotangent):
 
 
 class GroupedMatmulTest(parameterized.TestCase):
+
+  def _assert_matches_ragged_dot(self, impl, dtype, sizes, atol,
+                                 tiling=(128, 128, 128)):
+    """`impl` (jitted) equals ragged_dot on random [M, K] rows in groups of
+    `sizes`, forward and gradients; rows past the groups give zeros."""
+    rng = np.random.RandomState(0)
+    x = rng.normal(size=(_M, _K)).astype(dtype)
+    w = (0.1 * rng.normal(size=(len(sizes), _K, _N))).astype(dtype)
+    sizes = np.int32(sizes)
+    cotangent = rng.normal(size=(_M, _N)).astype(np.float32)
+    want, want_grads = _value_and_grads("ragged_dot", x, w, sizes, cotangent)
+    got, got_grads = jax.jit(
+        lambda *a: _value_and_grads(impl, *a, tiling=tiling))(
+            x, w, sizes, cotangent)
+    self.assertEqual(got.dtype, dtype)
+    # Outputs are O(1) and gradients O(10) (sums over 200 rows).
+    np.testing.assert_allclose(np.float32(got), np.float32(want),
+                               atol=atol / 10)
+    for name, g, w in zip(("dx", "dw"), got_grads, want_grads):
+      np.testing.assert_allclose(np.float32(g), np.float32(w), atol=atol,
+                                 err_msg=name)
+    np.testing.assert_array_equal(np.float32(got)[sizes.sum():], 0.0)
 
   @parameterized.named_parameters(
       # An empty group, and 20 rows past the groups (zeros, no gradient).
@@ -35,21 +60,31 @@ class GroupedMatmulTest(parameterized.TestCase):
            atol=0.1),
   )
   def test_megablox_matches_ragged_dot(self, dtype, sizes, atol):
-    rng = np.random.RandomState(0)
-    x = rng.normal(size=(_M, _K)).astype(dtype)
-    w = (0.1 * rng.normal(size=(len(sizes), _K, _N))).astype(dtype)
-    sizes = np.int32(sizes)
-    cotangent = rng.normal(size=(_M, _N)).astype(np.float32)
-    want, want_grads = _value_and_grads("ragged_dot", x, w, sizes, cotangent)
-    got, got_grads = _value_and_grads("megablox", x, w, sizes, cotangent)
-    self.assertEqual(got.dtype, dtype)
-    # Outputs are O(1) and gradients O(10) (sums over 200 rows).
-    np.testing.assert_allclose(np.float32(got), np.float32(want),
-                               atol=atol / 10)
-    for name, g, w in zip(("dx", "dw"), got_grads, want_grads):
-      np.testing.assert_allclose(np.float32(g), np.float32(w), atol=atol,
-                                 err_msg=name)
-    np.testing.assert_array_equal(np.float32(got)[sizes.sum():], 0.0)
+    self._assert_matches_ragged_dot("megablox", dtype, sizes, atol)
+
+  @parameterized.named_parameters(
+      # Tiles of 16 and 7 rows: groups of whole tiles, of part of one, an
+      # empty one, and rows past the groups.
+      dict(testcase_name="fp32_tile16", dtype=np.float32, tile=16,
+           sizes=(32, 5, 0, 90, 17), atol=1e-4),
+      dict(testcase_name="fp32_tile7_all_rows", dtype=np.float32, tile=7,
+           sizes=(1, 99, 0, 0, 100), atol=1e-4),
+      dict(testcase_name="bf16_tile128", dtype=jnp.bfloat16, tile=128,
+           sizes=(80, 40, 30, 50, 0), atol=0.1),
+  )
+  def test_tiled_matches_ragged_dot(self, dtype, tile, sizes, atol):
+    self._assert_matches_ragged_dot("tiled", dtype, sizes, atol,
+                                    tiling=(tile, 128, 128))
+
+  def test_auto_is_tiled_on_cpu(self):
+    # More than one group; with one, its dense lowering is one matmul.
+    x, w = np.ones((64, 8), np.float32), np.ones((3, 8, 4), np.float32)
+    sizes = np.int32([10, 0, 30])
+    lowered = {impl: jax.jit(functools.partial(
+        gmm.grouped_matmul, impl=impl)).lower(x, w, sizes).as_text()
+               for impl in ("auto", "tiled", "ragged_dot")}
+    self.assertEqual(lowered["auto"], lowered["tiled"])
+    self.assertNotEqual(lowered["auto"], lowered["ragged_dot"])
 
   def test_unknown_impl(self):
     with self.assertRaisesRegex(ValueError, "'cutlass'.*megablox"):

@@ -60,6 +60,9 @@ ROUTER_SCORES = ("softmax", "sigmoid")
 # scores (DeepSeek-V3) or its best one's (DeepSeek-V2).
 GROUP_SCORES = ("top2_sum", "max")
 IMPLS = ("dropless", "capacity", "dense")
+# How the dropless path moves tokens between expert shards
+# (`maxtext.layers.moe_experts`).
+EXCHANGES = ("auto", "all_to_all", "all_gather")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -113,12 +116,19 @@ class MoeConfig:
     expert_group_score: A group's score, of `GROUP_SCORES`: "top2_sum" (the
       sum of its two best experts' scores, DeepSeek-V3) or "max" (its best
       expert's, DeepSeek-V2).
-    impl: "dropless" (tokens sorted by expert, grouped matmuls with
-      `jax.lax.ragged_dot`), "capacity" (each expert takes at most
+    impl: "dropless" (tokens sorted by expert, grouped matmuls,
+      `maxtext.kernels.gmm`), "capacity" (each expert takes at most
       `capacity_factor * tokens * num_experts_per_token / num_experts`
       tokens; the rest are dropped and counted) or "dense" (every expert
       runs on every token: the reference).
     capacity_factor: See impl="capacity".
+    expert_exchange: With expert parallelism, how impl="dropless" moves
+      tokens between expert shards, of `EXCHANGES`: "all_to_all" (each
+      assignment to its expert's shard and back), "all_gather" (every
+      shard gathers its expert group's tokens, runs its experts on all of
+      them and reduce-scatters the sums back) or "auto" (all_gather when a
+      shard holds at most num_experts_per_token experts, where it moves
+      and computes less; `moe_experts.expert_parallel_dropless`).
     load_balance_loss_weight: Weight of the auxiliary load-balancing loss
       (module doc); 0 is off.
     router_z_loss_weight: Weight of the router z-loss; 0 is off.
@@ -144,6 +154,7 @@ class MoeConfig:
       "expert_groups_per_token": "expert_groups_per_token",
       "expert_group_score": "expert_group_score",
       "impl": "moe_impl", "capacity_factor": "capacity_factor",
+      "expert_exchange": "moe_expert_exchange",
       "load_balance_loss_weight": "load_balance_loss_weight",
       "router_z_loss_weight": "router_z_loss_weight",
   }
@@ -171,6 +182,7 @@ class MoeConfig:
   expert_group_score: str = "top2_sum"
   impl: str = "dropless"
   capacity_factor: float = 1.25
+  expert_exchange: str = "auto"
   load_balance_loss_weight: float = 0.0
   router_z_loss_weight: float = 0.0
 
@@ -201,7 +213,8 @@ class MoeConfig:
                " set")
       return
     for name, valid in (("router_score", ROUTER_SCORES), ("impl", IMPLS),
-                        ("expert_group_score", GROUP_SCORES)):
+                        ("expert_group_score", GROUP_SCORES),
+                        ("expert_exchange", EXCHANGES)):
       if getattr(self, name) not in valid:
         fail(name, f"valid values are {valid}")
     if self.mlp_dim < 1:
@@ -413,8 +426,8 @@ class MoE(nnx.Module):
       token_rules = (None if rules is not None else
                      moe_experts.token_parallel_rules(weights, x_TD.shape[0]))
       if rules is not None:
-        y_TD = moe_experts.expert_parallel_dropless(x_TD, routing, weights,
-                                                    rules)
+        y_TD = moe_experts.expert_parallel_dropless(
+            x_TD, routing, weights, rules, cfg.expert_exchange)
       elif token_rules is not None:
         y_TD = moe_experts.token_parallel_dropless(x_TD, routing, weights,
                                                    token_rules)

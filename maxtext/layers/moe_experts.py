@@ -12,7 +12,7 @@ Each expert is a gated MLP (`maxtext.layers.mlp.GATED_UNITS`); with
 Three ways to run the routed experts, equal whenever nothing is dropped:
   "dropless": the T*k (token, expert) assignments are sorted by expert and
     each expert's contiguous run goes through a grouped matmul
-    (`jax.lax.ragged_dot`); no token is ever dropped.
+    (`maxtext.kernels.gmm`); no token is ever dropped.
   "capacity": each expert has C = ceil(capacity_factor * T * k / E) slots,
     filled in token order; assignments past C are dropped (their weight is
     lost) and counted. Fixed shapes [E, C, D].
@@ -32,7 +32,10 @@ local experts on what it received and sends the results back, with
 `all_to_all` over `expert`. XLA:CPU lacks `ragged_all_to_all`, so the
 exchange uses fixed buffers of Y rows per destination shard (a sender's
 every assignment may go to one shard): nothing is dropped, at the price of
-moving `expert` times more rows than a ragged exchange would.
+moving `expert` times more rows than a ragged exchange would. When a shard
+holds at most k experts, gathering the tokens moves and multiplies less:
+each shard runs its experts on every token of its `expert` group and
+reduce-scatters the weighted sums back (`MoeConfig.expert_exchange`).
 
 Without expert parallelism, XLA's own partitioning of the dropless path
 gathers every token of the batch on every device (the sort by expert spans
@@ -126,17 +129,19 @@ class ExpertWeights:
     return y_xD + self.down_bias_ED[index]
 
 
-def dense_experts(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
-  """Reference: every expert on every token, one-hot combine."""
-  tokens_T1 = jnp.arange(x_TD.shape[0])[:, None]
-  weights_TE = jnp.zeros(routing.probs_TE.shape, x_TD.dtype).at[
-      tokens_T1, routing.experts_TA].add(routing.weights_TA.astype(x_TD.dtype))
+def dense_experts(x_TD, routing: Routing, w: ExpertWeights,
+                  first_expert=0) -> jax.Array:
+  """Reference: every expert on every token, one-hot combine. `w` holds the
+  experts numbered `first_expert` on; assignments to others add nothing."""
+  ids_E = first_expert + jnp.arange(w.gate_EDF.shape[0])
+  chosen_TAE = routing.experts_TA[..., None] == ids_E
+  weights_TE = jnp.sum(jnp.where(
+      chosen_TAE, routing.weights_TA[..., None].astype(x_TD.dtype), 0), 1)
   if routing.on_input:
     x_TED = x_TD[:, None, :] * weights_TE[:, :, None]
     gate_TEF = jnp.einsum("ted,edf->tef", x_TED, w.gate_EDF)
     up_TEF = jnp.einsum("ted,edf->tef", x_TED, w.up_EDF)
-    combine_TE = jnp.zeros(weights_TE.shape, x_TD.dtype).at[
-        tokens_T1, routing.experts_TA].set(1)
+    combine_TE = jnp.any(chosen_TAE, 1).astype(x_TD.dtype)
   else:
     gate_TEF = jnp.einsum("td,edf->tef", x_TD, w.gate_EDF)
     up_TEF = jnp.einsum("td,edf->tef", x_TD, w.up_EDF)
@@ -258,31 +263,65 @@ def token_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
 
 
 def expert_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
-                             rules) -> jax.Array:
-  """`dropless_experts` with tokens exchanged between expert shards.
+                             rules, exchange: str = "auto") -> jax.Array:
+  """`dropless_experts` with tokens moved between expert shards.
 
   Under `jax.shard_map` over `rules.mesh`: tokens (and their routing) split
   as the compute rules split the batch, expert weights by the `expert`
-  axis. Each shard sorts its assignments by expert, sends each to the
-  shard holding its expert (`all_to_all` over `expert`), runs its local
-  experts on what it received (`grouped_experts`) and sends the results
-  back (module doc).
+  axis. `exchange` (`maxtext.layers.moe.EXCHANGES`):
+    "all_to_all": each shard sorts its assignments by expert, sends each
+      to the shard holding its expert, runs its local experts on what it
+      received (`grouped_experts`) and sends the results back (module
+      doc). Fixed buffers: `expert` x the assignments move and are
+      multiplied.
+    "all_gather": each shard gathers the tokens of its `expert` group, runs
+      its local experts on every one of them (`dense_experts`, weighted by
+      the routing, zero where a token did not choose the expert) and
+      reduce-scatters the sums back to the tokens' shards. Moves the tokens
+      instead of `k` times their assignments and multiplies `local` rows
+      per token instead of `k`.
+    "auto": all_gather when a shard holds at most k experts, else
+      all_to_all.
   """
   tokens_spec = rules.compute_spec((axes.BATCH, None), x_TD.shape)
   arrays = {name: value for name, value in vars(w).items()
             if isinstance(value, jax.Array)}  # Each [E, ...].
   expert_spec = jax.sharding.PartitionSpec(EXPERT_AXIS)
+  shards = rules.mesh.shape[EXPERT_AXIS]
+  if exchange == "auto":
+    local = w.gate_EDF.shape[0] // shards
+    exchange = ("all_gather" if local <= routing.experts_TA.shape[1]
+                else "all_to_all")
+  run = _exchange_tokens if exchange == "all_to_all" else _gather_tokens
 
-  def exchange(x_TD, experts_TA, weights_TA, local_arrays):
-    return _exchange_tokens(
+  def exchanged(x_TD, experts_TA, weights_TA, local_arrays):
+    return run(
         x_TD, Routing(weights_TA, experts_TA, None, routing.on_input),
-        dataclasses.replace(w, **local_arrays), rules.mesh.shape[EXPERT_AXIS])
+        dataclasses.replace(w, **local_arrays), shards)
 
   return jax.shard_map(
-      exchange, mesh=rules.mesh,
+      exchanged, mesh=rules.mesh,
       in_specs=(tokens_spec, tokens_spec, tokens_spec, expert_spec),
       out_specs=tokens_spec)(x_TD, routing.experts_TA, routing.weights_TA,
                              arrays)
+
+
+def _gather_tokens(x_TD, routing: Routing, w: ExpertWeights,
+                   shards: int) -> jax.Array:
+  """One shard's part of `expert_parallel_dropless`'s "all_gather" (inside
+  shard_map): `w` holds this shard's experts, global ids `index * local`
+  on."""
+  del shards  # The gathers span the axis.
+
+  def gather(a):
+    return jax.lax.all_gather(a, EXPERT_AXIS, tiled=True)
+
+  first = jax.lax.axis_index(EXPERT_AXIS) * w.gate_EDF.shape[0]
+  y_TD = dense_experts(
+      gather(x_TD), Routing(gather(routing.weights_TA),
+                            gather(routing.experts_TA), None,
+                            routing.on_input), w, first)
+  return jax.lax.psum_scatter(y_TD, EXPERT_AXIS, tiled=True)
 
 
 def _exchange_tokens(x_TD, routing: Routing, w: ExpertWeights,

@@ -284,16 +284,23 @@ class ExpertParallelismTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("dropless_fsdp2_expert4", {"fsdp": 2, "expert": 4},
-       dict(moe_impl="dropless")),
+       dict(moe_impl="dropless", moe_expert_exchange="all_to_all")),
       ("dropless_expert8", {"expert": 8},
-       dict(moe_impl="dropless", num_experts=8)),
+       dict(moe_impl="dropless", num_experts=8,
+            moe_expert_exchange="all_to_all")),
+      # "auto" with one expert per shard and two per token.
+      ("dropless_gathered_fsdp2_expert4", {"fsdp": 2, "expert": 4},
+       dict(moe_impl="dropless")),
+      ("dropless_gathered_expert8", {"expert": 8},
+       dict(moe_impl="dropless", num_experts=8,
+            moe_expert_exchange="all_gather")),
       ("capacity_with_drops_fsdp2_expert4", {"fsdp": 2, "expert": 4},
        dict(moe_impl="capacity", capacity_factor=0.5)),
       # DeepSeek-V2: softmax routing within groups scored by their best
       # expert, shared experts, a dense first layer.
       ("deepseek2_dropless_expert8", {"expert": 8},
        dict(family="deepseek2", moe_impl="dropless", num_experts=8,
-            num_experts_per_token=2)),
+            num_experts_per_token=2, moe_expert_exchange="all_to_all")),
   )
   def test_expert_sharded_equals_single_device(self, ici, model_changes):
     single = _state({"data": 1}, jax.devices()[:1], **model_changes)
@@ -308,13 +315,19 @@ class ExpertParallelismTest(parameterized.TestCase):
     np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=_RTOL)
     _assert_trees_close(got[1], want[1])
     hlo = _loss_grads_and_params.lower(state, batch).compile().as_text()
-    self.assertIn("all-to-all", hlo)
     if model_changes["moe_impl"] == "capacity":
+      self.assertIn("all-to-all", hlo)
       return  # Drops: the step is not compared (module doc).
     _assert_trees_close(got[2], want[2])
-    # Tokens travel: each shard's S / 8 = 16 assignments go out in one
-    # [1, 16, D=32] buffer per destination shard, and back.
-    self.assertRegex(hlo, r"f32\[1,16,32\]\{[\d,]*\}\) all-to-all\(")
+    if model_changes.get("moe_expert_exchange") == "all_to_all":
+      # Tokens travel: each shard's S / 8 = 16 assignments go out in one
+      # [1, 16, D=32] buffer per destination shard, and back.
+      self.assertRegex(hlo, r"f32\[1,16,32\]\{[\d,]*\}\) all-to-all\(")
+    else:
+      # Each shard gathers its expert group's tokens and reduce-scatters
+      # its experts' sums back; no assignment travels alone.
+      self.assertNotRegex(hlo, r"f32\[1,16,32\]\{[\d,]*\}\) all-to-all\(")
+      self.assertIn("reduce-scatter", hlo)
     # Neither the expert weights (with all their experts) nor the 128
     # assignments of the whole batch are gathered or all-reduced (XLA's
     # own partitioning of the dropless path gathers every assignment and
@@ -381,11 +394,13 @@ class ExpertParallelismTest(parameterized.TestCase):
         **gemma4.MOE_ARCHITECTURE)
     self.assertIn("mlp", state.params["global_blocks"])
 
-  def test_token_exchange_with_expert_biases(self):
+  @parameterized.parameters("all_to_all", "all_gather")
+  def test_token_exchange_with_expert_biases(self, exchange):
     # GPT-OSS's per-expert biases, fused gate_up, 8 experts over expert=8:
     # the layer's output and gradients equal those without expert parallel.
     cfg = tiny_configs.tiny_model_config("mixtral", window=4).replace(
-        num_experts=8, expert_bias=True, expert_gate_up_fused=True)
+        num_experts=8, expert_bias=True, expert_gate_up_fused=True,
+        moe_expert_exchange=exchange)
     graphdef, params = nnx.split(moe.MoE(
         cfg.moe, activation=cfg.mlp.activation, embed_dim=cfg.embed_dim,
         dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=nnx.Rngs(0)))
