@@ -60,8 +60,6 @@ ROUTER_SCORES = ("softmax", "sigmoid")
 # scores (DeepSeek-V3) or its best one's (DeepSeek-V2).
 GROUP_SCORES = ("top2_sum", "max")
 IMPLS = ("dropless", "capacity", "dense")
-# How the dropless path moves tokens between expert shards
-# (`maxtext.layers.moe_experts`).
 EXCHANGES = ("auto", "all_to_all", "all_gather")
 
 
@@ -122,13 +120,8 @@ class MoeConfig:
       tokens; the rest are dropped and counted) or "dense" (every expert
       runs on every token: the reference).
     capacity_factor: See impl="capacity".
-    expert_exchange: With expert parallelism, how impl="dropless" moves
-      tokens between expert shards, of `EXCHANGES`: "all_to_all" (each
-      assignment to its expert's shard and back), "all_gather" (every
-      shard gathers its expert group's tokens, runs its experts on all of
-      them and reduce-scatters the sums back) or "auto" (all_gather when a
-      shard holds at most num_experts_per_token experts, where it moves
-      and computes less; `moe_experts.expert_parallel_dropless`).
+    expert_exchange: How impl="dropless" moves tokens between expert
+      shards, of `EXCHANGES` (`moe_experts.expert_parallel_dropless`).
     load_balance_loss_weight: Weight of the auxiliary load-balancing loss
       (module doc); 0 is off.
     router_z_loss_weight: Weight of the router z-loss; 0 is off.

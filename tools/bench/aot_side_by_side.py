@@ -57,7 +57,8 @@ _ATTENTION = flags.DEFINE_enum(
     "attention", "flash", ["flash", "dot_product"],
     "flash: each program's TPU default (our splash kernel, MaxText's"
     " autoselected flash); dot_product: plain attention in both (our"
-    " reference kernel, MaxText's dot_product), no Pallas.")
+    " reference kernel, MaxText's dot_product), no Pallas (MaxText's"
+    " experts through ragged_dot, as ours on more than one device).")
 
 _GIB = 2**30
 # A collective op (an async "-start" half counted once) and its result
@@ -185,6 +186,8 @@ def run_maxtext(row: Row, batch: int, devices: int, hbm: int) -> dict:
       "remat_policy": row.remat, "dtype": "bfloat16",
       "attention": ("dot_product" if _ATTENTION.value == "dot_product"
                     else "autoselected"),
+      # dot_product: no Pallas, so experts through ragged_dot, not megablox.
+      "megablox": _ATTENTION.value != "dot_product",
       "weight_dtype": "float32", "dataset_type": "synthetic",
       "enable_checkpointing": False, "skip_jax_distributed_system": True,
       "run_name": "aot_side_by_side"}
