@@ -132,23 +132,28 @@ class ExpertWeights:
 def dense_experts(x_TD, routing: Routing, w: ExpertWeights,
                   first_expert=0) -> jax.Array:
   """Reference: every expert on every token, one-hot combine. `w` holds the
-  experts numbered `first_expert` on; assignments to others add nothing."""
+  experts numbered `first_expert` on; assignments to others add nothing.
+  Expert-major [E, T, ...] activations: each expert's matmuls are plain
+  [T, D] x [D, F] ones, with no transposes between them."""
   ids_E = first_expert + jnp.arange(w.gate_EDF.shape[0])
   chosen_TAE = routing.experts_TA[..., None] == ids_E
   weights_TE = jnp.sum(jnp.where(
       chosen_TAE, routing.weights_TA[..., None].astype(x_TD.dtype), 0), 1)
   if routing.on_input:
-    x_TED = x_TD[:, None, :] * weights_TE[:, :, None]
-    gate_TEF = jnp.einsum("ted,edf->tef", x_TED, w.gate_EDF)
-    up_TEF = jnp.einsum("ted,edf->tef", x_TED, w.up_EDF)
+    x_ETD = weights_TE.T[:, :, None] * x_TD[None]
+    gate_ETF = jnp.einsum("etd,edf->etf", x_ETD, w.gate_EDF)
+    up_ETF = jnp.einsum("etd,edf->etf", x_ETD, w.up_EDF)
     combine_TE = jnp.any(chosen_TAE, 1).astype(x_TD.dtype)
   else:
-    gate_TEF = jnp.einsum("td,edf->tef", x_TD, w.gate_EDF)
-    up_TEF = jnp.einsum("td,edf->tef", x_TD, w.up_EDF)
+    gate_ETF = jnp.einsum("td,edf->etf", x_TD, w.gate_EDF)
+    up_ETF = jnp.einsum("td,edf->etf", x_TD, w.up_EDF)
     combine_TE = weights_TE
-  h_TEF = w.hidden(gate_TEF, up_TEF, None)
-  y_TED = w.output(jnp.einsum("tef,efd->ted", h_TEF, w.down_EFD), None)
-  return jnp.einsum("ted,te->td", y_TED, combine_TE)
+  # Biases [E, ...] broadcast over the tokens.
+  per_expert = (slice(None), None)
+  h_ETF = w.hidden(gate_ETF, up_ETF, per_expert)
+  y_ETD = w.output(jnp.einsum("etf,efd->etd", h_ETF, w.down_EFD),
+                   per_expert)
+  return jnp.einsum("etd,te->td", y_ETD, combine_TE)
 
 
 def grouped_experts(x_YD, expert_Y, sizes_E, w: ExpertWeights) -> jax.Array:
