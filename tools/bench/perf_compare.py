@@ -30,7 +30,6 @@ from absl import flags
 import jax
 
 from maxtext.kernels import dispatch
-from maxtext.layers import remat
 from maxtext.trainers import config as config_lib
 from maxtext.trainers import hooks
 from maxtext.trainers import pretrain
@@ -59,15 +58,7 @@ _ATTENTION_IMPLS = flags.DEFINE_list(
 _ATTENTION_BLOCK = flags.DEFINE_integer(
     "attention_block", 512, "Query and key tile of the tiled attentions"
     " (blockwise, splash, pallas_gpu).", lower_bound=16)
-_FSDP = flags.DEFINE_bool(
-    "fsdp", False, "Split parameters and batch over all devices (FSDP)"
-    " instead of data parallelism.")
-_EXPERT = flags.DEFINE_integer(
-    "expert", 1, "Devices on the expert mesh axis (expert parallelism for"
-    " the MoE shapes); the rest go to data, or fsdp with --fsdp.",
-    lower_bound=1)
-_REMAT = flags.DEFINE_enum("remat", "none", remat.POLICIES,
-                           "Remat policy (maxtext.layers.remat).")
+_LAYOUT = shapes_lib.LayoutFlags()
 
 
 def measure(experiment: config_lib.ExperimentConfig, *, steps: int,
@@ -106,9 +97,8 @@ def main(argv: list[str]) -> None:
     for shape, impl in itertools.product(_SHAPES.value,
                                          _ATTENTION_IMPLS.value):
       experiment = shapes_lib.experiment_config(
-          shape, dtype, _SMALL_BATCH.value, fsdp=_FSDP.value,
-          expert=_EXPERT.value, attention_impl=impl,
-          attention_block=_ATTENTION_BLOCK.value, remat=_REMAT.value)
+          shape, dtype, _SMALL_BATCH.value, attention_impl=impl,
+          attention_block=_ATTENTION_BLOCK.value, **_LAYOUT.settings())
       try:
         compile_s, step_s, throughput = measure(
             experiment, steps=_STEPS.value,

@@ -42,7 +42,6 @@ from absl import app
 from absl import flags
 import jax
 
-from maxtext.layers import remat
 from maxtext.trainers import pretrain
 from maxtext.trainers import train_step as train_step_lib
 from tools.bench import shapes as shapes_lib
@@ -58,15 +57,7 @@ _WARMUP_STEPS = flags.DEFINE_integer("warmup_steps", 1,
                                      "Unprofiled updates after compilation.",
                                      lower_bound=0)
 _TOP = flags.DEFINE_integer("top", 10, "Ops to print.", lower_bound=1)
-_FSDP = flags.DEFINE_bool(
-    "fsdp", False, "Split parameters and batch over all devices (FSDP)"
-    " instead of data parallelism.")
-_EXPERT = flags.DEFINE_integer(
-    "expert", 1, "Devices on the expert mesh axis (expert parallelism for"
-    " the MoE shapes); the rest go to data, or fsdp with --fsdp.",
-    lower_bound=1)
-_REMAT = flags.DEFINE_enum("remat", "none", remat.POLICIES,
-                           "Remat policy (maxtext.layers.remat).")
+_LAYOUT = shapes_lib.LayoutFlags()
 
 # `%name = f32[2,512]{1,0} opcode(...), ..., metadata={op_name="..." ...}`
 # lines of the compiled HLO text.
@@ -152,8 +143,8 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   experiment = shapes_lib.experiment_config(
-      _SHAPE.value, _DTYPE.value, _BATCH.value, fsdp=_FSDP.value,
-      expert=_EXPERT.value, remat=_REMAT.value)
+      _SHAPE.value, _DTYPE.value, _BATCH.value,
+      **_LAYOUT.settings())
   timer = PhaseTimer()
   prepared = pretrain.prepare(experiment, compile_fn=timer)
   print(f"{_SHAPE.value} {_DTYPE.value} batch"

@@ -28,11 +28,13 @@ parallelism: the MoE layers' experts split over it, the batch too):
 
 import types
 
+from absl import flags
 import ml_collections
 
 from configs import deepseek3
 from configs import llama3
 from configs import mixtral
+from maxtext.layers import remat as remat_lib
 from maxtext.trainers import config as config_lib
 
 # The model and data fields each shape sets (`seq_len` goes to data) on its
@@ -68,6 +70,27 @@ def global_batch(shape: str, small_batch: int) -> int:
   """Global batch of `shape`: `small_batch` for `small` and `llama3-8b`,
   else 8."""
   return small_batch if shape in _SMALL_BATCH_SHAPES else 8
+
+
+class LayoutFlags:
+  """Defines the --fsdp, --expert and --remat flags of a binary that runs
+  one of the shapes (once per binary)."""
+
+  def __init__(self):
+    self.fsdp = flags.DEFINE_bool(
+        "fsdp", False, "Split parameters and batch over all devices (FSDP)"
+        " instead of data parallelism.")
+    self.expert = flags.DEFINE_integer(
+        "expert", 1, "Devices on the expert mesh axis (expert parallelism"
+        " for the MoE shapes); the rest go to data, or fsdp with --fsdp.",
+        lower_bound=1)
+    self.remat = flags.DEFINE_enum("remat", "none", remat_lib.POLICIES,
+                                   "Remat policy (maxtext.layers.remat).")
+
+  def settings(self) -> dict[str, object]:
+    """`config_dict`'s fsdp, expert and remat arguments, as parsed."""
+    return dict(fsdp=self.fsdp.value, expert=self.expert.value,
+                remat=self.remat.value)
 
 
 def config_dict(shape: str, dtype: str, small_batch: int = 8, *,
