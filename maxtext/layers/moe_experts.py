@@ -52,6 +52,7 @@ Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -297,12 +298,13 @@ def expert_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
     local = w.gate_EDF.shape[0] // shards
     exchange = ("all_gather" if local <= routing.experts_TA.shape[1]
                 else "all_to_all")
-  run = _exchange_tokens if exchange == "all_to_all" else _gather_tokens
+  run = (functools.partial(_exchange_tokens, shards=shards)
+         if exchange == "all_to_all" else _gather_tokens)
 
   def exchanged(x_TD, experts_TA, weights_TA, local_arrays):
     return run(
         x_TD, Routing(weights_TA, experts_TA, None, routing.on_input),
-        dataclasses.replace(w, **local_arrays), shards)
+        dataclasses.replace(w, **local_arrays))
 
   return jax.shard_map(
       exchanged, mesh=rules.mesh,
@@ -311,12 +313,10 @@ def expert_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
                              arrays)
 
 
-def _gather_tokens(x_TD, routing: Routing, w: ExpertWeights,
-                   shards: int) -> jax.Array:
+def _gather_tokens(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
   """One shard's part of `expert_parallel_dropless`'s "all_gather" (inside
   shard_map): `w` holds this shard's experts, global ids `index * local`
   on."""
-  del shards  # The gathers span the axis.
 
   def gather(a):
     return jax.lax.all_gather(a, EXPERT_AXIS, tiled=True)

@@ -6,17 +6,16 @@ our `perf_compare` and then MaxText's trainer on the same shape
 and `small` at `--small_batch`, MaxText's default decoder; `mixtral-tiny`
 and `deepseek-tiny` at global batch 8, MaxText's mixtral and deepseek
 decoders, dropless in both: our `moe_impl="dropless"` and MaxText's
-`--maxtext_moe`, by default its `sparse_matmul` without megablox, both
-`jax.lax.ragged_dot`) with the same
-remat policy (`--remat`) on `--devices` CPU devices (more than one: fake
-host devices, with `--parallelism=fsdp` FSDP over all of them in both
+`--maxtext_moe`, by default its `sparse_matmul` without megablox) with the
+same remat policy (`--remat`) on `--devices` CPU devices (more than one:
+fake host devices, with `--parallelism=fsdp` FSDP over all of them in both
 programs, MaxText's default mesh; with `expert` all of them on the expert
 axis, which splits the experts and the batch in both; MaxText exchanges
 tokens with its ring of experts, as XLA:CPU lacks its default
-ragged_all_to_all), each in its own
-process so that both see the same machine load, and prints both programs'
-median step time, tokens/s and compile seconds and the ratios ours over
-MaxText's of tokens/s (target >= 1.25) and compile seconds (target <= 0.5).
+ragged_all_to_all), each in its own process so that both see the same
+machine load, and prints both programs' median step time, tokens/s and
+compile seconds and the ratios ours over MaxText's of tokens/s (target >=
+1.25) and compile seconds (target <= 0.5).
 
 MaxText (PyPI `maxtext`, Python >= 3.12) runs from its own virtualenv
 outside this repository, made on first use with `--python` and pip. Its
@@ -64,6 +63,7 @@ _DTYPES = flags.DEFINE_list("dtypes", ["bfloat16", "float32"],
                             "Activation dtypes.")
 _SHAPES = flags.DEFINE_list("shapes", ["tiny"],
                             f"Shapes, of {sorted(shapes_lib.SHAPES)}.")
+shapes_lib.validate_shapes_flag("shapes")
 _SMALL_BATCH = flags.DEFINE_integer("small_batch", 2,
                                     "Global batch of `small`.", lower_bound=1)
 _DEVICES = flags.DEFINE_integer(
@@ -73,14 +73,14 @@ _PARALLELISM = flags.DEFINE_enum(
     "parallelism", "fsdp", ["fsdp", "expert"],
     "With more than one device: fsdp splits parameters and batch over all"
     " of them; expert puts all of them on the expert axis (MoE shapes).")
-# The policies both programs have under one name ("none" is not one: ours
-# keeps every activation, MaxText's recomputes them all).
 _MAXTEXT_MOE_FLAG = flags.DEFINE_enum(
     "maxtext_moe", "ragged_dot", ["ragged_dot", "megablox", "dense"],
     "MaxText's dropless experts: ragged_dot (jax.lax.ragged_dot, as ours;"
     " not with expert parallelism, where it lacks group offsets), megablox"
     " (its Pallas kernel, interpreted off TPU) or dense (every expert on"
     " every token, weighted).")
+# The policies both programs have under one name ("none" is not one: ours
+# keeps every activation, MaxText's recomputes them all).
 _REMAT = flags.DEFINE_enum(
     "remat", "full", ["full", "minimal", "save_dot_except_mlp",
                       "save_qkv_proj", "save_out_proj"],
@@ -109,17 +109,18 @@ _MAXTEXT_NAMES = {
     "rope_scaling_factor": "rope_factor",
     "rope_original_max_length": "original_max_position_embeddings",
     "mtp_layers": "mtp_num_layers"}
-# Per family: MaxText's settings (its model config of the family, whose
-# fields the shape's then override; dropless experts), the fields
-# besides the shape's own that MaxText gets from ours, and our names that
-# MaxText spells differently in that family.
-_MOE_DROPLESS = {"override_model_config": "true", "capacity_factor": -1}
 # MaxText's dropless MoE implementations (`--maxtext_moe`).
 _MAXTEXT_MOE = {
     "ragged_dot": {"sparse_matmul": "true", "megablox": "false"},
     "megablox": {"sparse_matmul": "true", "megablox": "true"},
     "dense": {"sparse_matmul": "false"},
 }
+# MaxText's model config of an MoE family, whose fields the shape's then
+# override, with nothing dropped.
+_MOE_DROPLESS = {"override_model_config": "true", "capacity_factor": -1}
+# Per family: MaxText's settings, the fields besides the shape's own that
+# MaxText gets from ours, and our names that MaxText spells differently in
+# that family.
 _FAMILIES = {
     "llama3": ({}, (), {}),
     "mixtral": ({"model_name": "mixtral-8x7b", **_MOE_DROPLESS},
@@ -254,10 +255,6 @@ def run_maxtext(python: str, shape: str,
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  unknown = [s for s in _SHAPES.value if s not in shapes_lib.SHAPES]
-  if unknown:
-    raise app.UsageError(f"--shapes holds {unknown}; valid:"
-                         f" {sorted(shapes_lib.SHAPES)}.")
   if _expert_devices() > 1 and _MAXTEXT_MOE_FLAG.value == "ragged_dot":
     raise app.UsageError(
         "--maxtext_moe=ragged_dot does not run with --parallelism=expert"

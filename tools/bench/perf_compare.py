@@ -1,11 +1,11 @@
 r"""Training speed of issue #14's standard shapes, MFU against a measured peak.
 
 For each `--shapes` entry (`shapes.SHAPES`; `small`'s global batch is
-`--small_batch`), with remat policy `--remat`, prints compile seconds, the median step time of `--steps`
-updates after `--warmup_steps`, tokens/s, model TFLOP/s and MFU per device
-(MFU against the matmul FLOP/s that `matmul_peak` measures right before, in
-the same dtype, for each of `--dtypes`, or against `--peak_tflops`), and
-peak memory. Random tokens
+`--small_batch`), with remat policy `--remat`, prints compile seconds, the
+median step time of `--steps` updates after `--warmup_steps`, tokens/s,
+model TFLOP/s and MFU per device (MFU against the matmul FLOP/s that
+`matmul_peak` measures right before, in the same dtype, for each of
+`--dtypes`, or against `--peak_tflops`), and peak memory. Random tokens
 (data.source "synthetic"), no checkpoints. Figures only; on a shared
 machine run it alternately with whatever it is compared to:
 
@@ -39,6 +39,7 @@ from tools.bench import shapes as shapes_lib
 
 _SHAPES = flags.DEFINE_list(
     "shapes", ["tiny"], f"Shapes to run, of {sorted(shapes_lib.SHAPES)}.")
+shapes_lib.validate_shapes_flag("shapes")
 _DTYPES = flags.DEFINE_list(
     "dtypes", ["float32"],
     "Activation dtypes, of float32 and bfloat16 (parameters stay float32).")

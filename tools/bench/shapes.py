@@ -72,6 +72,13 @@ def global_batch(shape: str, small_batch: int) -> int:
   return small_batch if shape in _SMALL_BATCH_SHAPES else 8
 
 
+def validate_shapes_flag(name: str) -> None:
+  """Makes list flag --`name` accept only names of `SHAPES`."""
+  flags.register_validator(
+      name, lambda shapes: set(shapes) <= set(SHAPES),
+      message=f"--{name} takes shapes of {sorted(SHAPES)}.")
+
+
 class LayoutFlags:
   """Defines the --fsdp, --expert and --remat flags of a binary that runs
   one of the shapes (once per binary)."""
