@@ -210,18 +210,35 @@ def _norm(norm_layer: norm.RMSNorm | None, x_BLD: jax.Array) -> jax.Array:
   return x_BLD if norm_layer is None else norm_layer(x_BLD)
 
 
+def _at(block: Block, rank: int | None) -> Block:
+  """`block`, or with `rank` the block at that index of its parameters'
+  leading axis (a scan's group of layers of one kind)."""
+  if rank is None:
+    return block
+  graphdef, state = nnx.split(block)
+  return nnx.merge(graphdef, jax.tree.map(lambda a: a[rank], state))
+
+
 def _with_remat(call_block, cfg: ModelConfig, config: remat.RematConfig):
   """`call_block(block, x_BLD, layer, inputs) -> (x_BLD, aux, kv)` under
-  `config`."""
+  `config`, as `(block, x_BLD, layer, inputs, rank)` (`_at`).
+
+  The block is indexed at `rank` inside the rematerialised function: its
+  residual is then the scan's slice of the stacked parameters, which
+  autodiff keeps by reference, not a per-layer copy stacked in the forward
+  pass (a copy of every weight of the stack).
+  """
   if config.policy == "none":
-    return call_block
+    return lambda block, x_BLD, layer, inputs, rank: call_block(
+        _at(block, rank), x_BLD, layer, inputs)
 
   def run_block(block: Block, x_BLD: jax.Array, layer: layer_pattern.Layer,
-                inputs: LayerInputs):
+                inputs: LayerInputs, rank: int | None):
     graphdef, state = nnx.split(block)
 
     def apply(state, x_BLD, inputs):
-      return call_block(nnx.merge(graphdef, state), x_BLD, layer, inputs)
+      return call_block(_at(nnx.merge(graphdef, state), rank), x_BLD, layer,
+                        inputs)
 
     # Inside a scan, CSE cannot merge the recomputation; skip its barrier.
     return remat.remat(apply, config.policy,
@@ -238,11 +255,13 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
                  image_blocks_BL: jax.Array | None = None,
                  valid_BL: jax.Array | None = None,
                  index_loss: bool = False):
-  """`run_block(block, x_BLD, layer, layer_cache, inputs) -> (x_BLD,
-  layer_cache, aux, kv)` for the layers of `pattern`, `inputs` its
+  """`run_block(block, x_BLD, layer, layer_cache, inputs, rank=None) ->
+  (x_BLD, layer_cache, aux, kv)` for the layers of `pattern`, `inputs` its
   `LayerInputs`, aux the block's aux dict (`Block.__call__`; indexers'
   losses with `index_loss`) or None, kv the keys and
-  values of a layer that `stores_kv` (without a cache), else None.
+  values of a layer that `stores_kv` (without a cache), else None. With
+  `rank`, `block`'s parameters carry a leading axis and the layer's are at
+  `rank` (`_at`).
 
   With `cached`, each block reads and writes its layer's KV cache at
   `positions_BL` (a `PagedKVCache` through `page_table_BN`, which every
@@ -265,11 +284,11 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
     return rotaries[_rotary_key(cfg, layer)]
 
   if cached:
-    def run_block(block, x_BLD, layer, layer_cache, inputs):
+    def run_block(block, x_BLD, layer, layer_cache, inputs, rank=None):
       paged = page_table_BN is not None and not layer.kind.linear
       if paged:
         layer_cache = kv_cache_lib.PagedView(layer_cache, page_table_BN)
-      x_BLD, layer_cache, aux, _ = block(
+      x_BLD, layer_cache, aux, _ = _at(block, rank)(
           x_BLD, rotary_of(layer), window=layer.window, chunk=layer.chunk,
           segment_ids_BL=segment_ids_BL, positions_BL=positions_BL,
           cache=layer_cache, inputs=inputs, image_blocks_BL=image_blocks_BL,
@@ -291,9 +310,9 @@ def block_runner(cfg: ModelConfig, pattern: tuple[layer_pattern.Layer, ...],
 
   remat_block = _with_remat(call_block, cfg, remat_config)
 
-  def run_remat_block(block, x_BLD, layer, layer_cache, inputs):
+  def run_remat_block(block, x_BLD, layer, layer_cache, inputs, rank=None):
     del layer_cache  # None.
-    x_BLD, aux, kv = remat_block(block, x_BLD, layer, inputs)
+    x_BLD, aux, kv = remat_block(block, x_BLD, layer, inputs, rank)
     return x_BLD, None, aux, kv
   return run_remat_block
 

@@ -138,22 +138,22 @@ def scan_layers(graphdefs, states, pattern, x_BLD, run_block, caches,
       stored = dict(outer)  # A layer of this group may store for a later.
       outputs = []
       for i, (layer, rank) in enumerate(zip(layers, ranks)):
-        layer_state, layer_cache = jax.tree.map(lambda a, r=rank: a[r],
-                                                group[layer.kind.name])
+        group_state, group_cache = group[layer.kind.name]
         layer_cache, inputs = _layer_inputs(
-            layer, layer_cache,
+            layer, jax.tree.map(lambda a, r=rank: a[r], group_cache),
             None if per_layer_pBLP is None else per_layer_pBLP[i], stored,
             cached=caches is not None)
+        # The block indexes its group's parameters itself (`rank`), inside
+        # its remat: autodiff keeps the scan's slice as a residual by
+        # reference instead of stacking a copy of every weight.
         x_BLD, layer_cache, aux, kv = run_block(
-            nnx.merge(graphdefs[layer.kind.name], layer_state), x_BLD, layer,
-            layer_cache, inputs)
+            nnx.merge(graphdefs[layer.kind.name], group_state), x_BLD, layer,
+            layer_cache, inputs, rank=rank)
         outputs.append((_keep_kv(layer, layer_cache, kv, stored), aux))
       mine = tuple(stored[layer.span] for layer in layers if layer.stores_kv)
       return x_BLD, (tuple(outputs), mine)
 
-    # The scan hands each kind its parameters unsliced ([groups, ...]):
-    # autodiff then keeps them as residuals by reference instead of stacking
-    # a copy of every weight in the forward pass.
+    # The scan hands each kind its parameters unsliced ([groups, ...]).
     group_inputs = {
         name: grouped((states[name],
                        None if caches is None else caches[name]), name)

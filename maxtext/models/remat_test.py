@@ -124,6 +124,30 @@ class RematTest(parameterized.TestCase):
           "temp_bytes"]
     self.assertLess(temp["full"], temp["none"])
 
+  @parameterized.parameters(1, 2)
+  def test_scanned_layers_keep_no_copy_of_their_weights(self, per_group):
+    # Under full remat a scanned layer's residual is its slice of the
+    # stacked weights, kept by reference: no forward scan over layers may
+    # stack a per-layer copy of a weight (per_group local layers of a
+    # kind per scan step: 1, or 2 indexed inside the step). Each weight
+    # is a per-layer shape no activation of 3 rows here has.
+    cfg, remat_config = _config("full", True, num_layers=2 * (per_group + 1),
+                                global_layer_interval=per_group + 1)
+    tokens = jnp.zeros((3, 8), jnp.int32)
+    grad_fn, params = _grad_fn(cfg, remat_config, tokens)
+    weights = {tuple(leaf.shape[1:]) for path, leaf in
+               jax.tree_util.tree_leaves_with_path(params)
+               if "blocks" in jax.tree_util.keystr(path)}
+    stacked = []
+    for eqn in jax.make_jaxpr(grad_fn)(params).jaxpr.eqns:
+      if (eqn.primitive.name == "scan" and
+          "transpose" not in str(eqn.source_info.name_stack)):
+        extensive = eqn.outvars[eqn.params["num_carry"]:]
+        stacked += [v.aval.shape[1:] for v in extensive
+                    if tuple(v.aval.shape[1:]) in weights]
+    self.assertTrue(weights)
+    self.assertEqual(stacked, [])
+
   def test_unknown_policy_lists_the_valid_ones(self):
     with self.assertRaisesRegex(ValueError, r"remat.policy='some' is invalid;"
                                 r" valid values: .*'save_qkv_proj'"):
