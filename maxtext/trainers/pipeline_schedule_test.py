@@ -32,11 +32,15 @@ from maxtext.trainers import train_step as train_step_lib
 from testing import devices
 
 # Loss and gradients: float32, the schedules sum in different orders
-# (measured: loss within 1.1e-7 relative, gradients within 2.7e-6 absolute;
-# folding batch and length in the projections, `linear.fold_batch`, moved
-# one tied-embedding gradient of 0.04 by 1.5e-6, over rtol 1e-5 alone).
+# (measured: loss within 1.1e-7 relative; folding batch and length in the
+# projections, `linear.fold_batch`, moved one tied-embedding gradient of
+# 0.04 by 1.5e-6, over rtol 1e-5 alone). Gradients within _ATOL_SCALE of
+# their leaf's largest magnitude: the same programs differ by up to 2.1e-5
+# of it on another x86 CPU (the Llama circular schedules under the test
+# XLA flags: 1.26e-5 on an embedding gradient of 0.33, leaf largest 0.87);
+# a wrong stage, microbatch or repeat is off by the leaf's scale.
 _RTOL = 1e-5
-_ATOL = 5e-6
+_ATOL_SCALE = 1e-4
 # Only the MLP weights, their gradients and the MLP's hidden activations
 # (which need no collective on these meshes) have a dimension of this size.
 _MLP_DIM = 48
@@ -153,7 +157,8 @@ class PipelineScheduleTest(parameterized.TestCase):
     for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(grads),
                                  flat_want, strict=True):
       np.testing.assert_allclose(np.asarray(got), np.asarray(want),
-                                 rtol=_RTOL, atol=_ATOL,
+                                 rtol=_RTOL,
+                                 atol=_ATOL_SCALE * np.abs(want).max(),
                                  err_msg=jax.tree_util.keystr(path))
     if set(ici) == {"data", "stage"}:
       self.assertEqual(_weight_moves(compiled.as_text()), [])
