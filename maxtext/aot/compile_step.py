@@ -86,8 +86,10 @@ def _gib(num_bytes: float) -> str:
 
 
 def compile_train_step(experiment: ExperimentConfig,
-                       hardware: topology_lib.Hardware) -> CompiledStep:
-  """Lowers and compiles the train step of `experiment` for `hardware`.
+                       hardware: topology_lib.Hardware,
+                       compiler_options: dict | None = None) -> CompiledStep:
+  """Lowers and compiles the train step of `experiment` for `hardware`
+  (`compiler_options`: see `compile_lowered`).
 
   Raises:
     DoesNotFitError: the TPU compiler ran out of HBM (the message has its
@@ -99,22 +101,25 @@ def compile_train_step(experiment: ExperimentConfig,
   start = time.perf_counter()
   lowered = train_step_lib.train_step.lower(inputs.abstract_state,
                                             inputs.batch_specs)
-  compiled = compile_lowered(lowered, hardware)
+  compiled = compile_lowered(lowered, hardware, compiler_options)
   return CompiledStep(compiled=compiled, hardware=hardware, mesh=mesh,
                       inputs=inputs,
                       compile_time_s=time.perf_counter() - start)
 
 
 def compile_lowered(lowered: jax.stages.Lowered,
-                    hardware: topology_lib.Hardware) -> jax.stages.Compiled:
-  """`lowered.compile()`, naming an out-of-memory error of the compiler.
+                    hardware: topology_lib.Hardware,
+                    compiler_options: dict | None = None
+                    ) -> jax.stages.Compiled:
+  """`lowered.compile(compiler_options)` (XLA debug options, e.g.
+  `xla_dump_to`), naming an out-of-memory error of the compiler.
 
   Raises:
     DoesNotFitError: the TPU compiler ran out of HBM (the message has its
       usage summary).
   """
   try:
-    return lowered.compile()
+    return lowered.compile(compiler_options)
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise

@@ -13,7 +13,9 @@ FLOPs and bytes accessed, and the count and bytes of each collective kind
 (each op's largest result array). `--bisect` also finds, for each row,
 the largest global batch (a multiple of the data-parallel devices) whose
 step fits in each program: the TPU compiler accepts it and its peak is
-within HBM.
+within HBM. `--buffers=N` lists each program's N largest temporary buffers
+(XLA's memory-usage report of the compile, with the shapes of the values
+that share each buffer in turn).
 
 The total (arguments + outputs - aliased + temporaries + code) overstates
 what a step holds at once: the TPU compiler reuses donated argument
@@ -61,14 +63,32 @@ _ROWS = flags.DEFINE_list("rows", ["llama3_8b", "mixtral_8x7b", "gemma3_27b"],
 _BISECT = flags.DEFINE_bool("bisect", False,
                             "Also find each program's largest global batch.")
 _SIDES = flags.DEFINE_list("sides", ["ours", "maxtext"], "Programs to run.")
+_F32_ATTENTION = flags.DEFINE_bool(
+    "maxtext_float32_attention", True,
+    "With --attention=dot_product: MaxText's query-key products and softmax"
+    " in float32 (its float32_qk_product and float32_logits), as our"
+    " reference kernel computes them; false: its defaults, bfloat16 (half the"
+    " memory of each [L, L] score buffer, less precise).")
+_BUFFERS = flags.DEFINE_integer(
+    "buffers", 0, "Also list each program's this many largest temporary"
+    " buffers (XLA's memory-usage report of a dump of the compile, with the"
+    " shapes that share each buffer).", lower_bound=0)
 _ATTENTION = flags.DEFINE_enum(
     "attention", "flash", ["flash", "dot_product"],
     "flash: each program's TPU default (our splash kernel, MaxText's"
     " autoselected flash); dot_product: plain attention in both (our"
-    " reference kernel, MaxText's dot_product), no Pallas (MaxText's"
-    " experts through ragged_dot, as ours on more than one device).")
+    " reference kernel, MaxText's dot_product; float32 scores in both unless"
+    " --nomaxtext_float32_attention), no Pallas (MaxText's experts through"
+    " ragged_dot, as ours on more than one device).")
 
 _GIB = 2**30
+# XLA's memory-usage report: one line per buffer of the temporaries,
+# "cumulative (share%); size; offset; values; shapes".
+_REPORT_LINE_RE = re.compile(
+    r"^\s*[\d.]+[KMG]?i?B\(\s*\d+%\);\s*([\d.]+)([KMG]?i?B);\s*\d+;\s*\d+;"
+    r"\s*(.+)$")
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+_DUMP_MODULE = "jit_train_step"
 # A collective op (an async "-start" half counted once) and its result
 # type: an array, or a tuple of them for the async ops.
 _OP_RE = re.compile(r"=\s*(.+?)\s(" + "|".join(compile_step.COLLECTIVES) +
@@ -130,6 +150,33 @@ def collective_stats(hlo_text: str) -> dict[str, tuple[int, int]]:
           if kind in stats}
 
 
+def largest_buffers(folder: str, count: int) -> list[tuple[int, str]]:
+  """The `count` largest buffers [(bytes, shapes)] of the temporaries of the
+  train step XLA dumped into `folder` (its memory-usage report's first
+  section, largest first)."""
+  reports = [name for name in os.listdir(folder)
+             if _DUMP_MODULE in name and
+             name.endswith("memory-usage-report.txt")]
+  if len(reports) != 1:
+    raise RuntimeError(f"Expected one memory-usage report of {_DUMP_MODULE}"
+                       f" in {folder}, found {reports}.")
+  buffers = []
+  with open(os.path.join(folder, reports[0]), encoding="utf-8") as f:
+    for line in f:
+      if buffers and not line.strip():
+        break  # The end of the first section.
+      match = _REPORT_LINE_RE.match(line)
+      if match:
+        size, unit, shapes = match.groups()
+        buffers.append((int(float(size) * _UNITS[unit]), shapes.strip()))
+  return sorted(buffers, key=lambda b: -b[0])[:count]
+
+
+def _dump_options(folder: str) -> dict:
+  return {"xla_dump_to": folder, "xla_dump_hlo_as_text": True,
+          "xla_dump_hlo_module_re": _DUMP_MODULE}
+
+
 def _figures(memory, cost: dict, hlo_text: str, hbm: int) -> dict:
   total = (memory["argument"] + memory["output"] - memory["alias"] +
            memory["temp"] + memory["code"])
@@ -185,9 +232,14 @@ open(out + ".hlo", "w").write(compiled.as_text())
 """
 
 
-def run_maxtext(row: Row, batch: int, devices: int, hbm: int) -> dict:
+def _plain_f32() -> bool:
+  return _ATTENTION.value == "dot_product" and _F32_ATTENTION.value
+
+
+def run_maxtext(row: Row, batch: int, devices: int, hbm: int,
+                dump: str | None = None) -> dict:
   """MaxText's figures for `row` at global `batch` ({"oom": why} when its
-  compiler runs out of HBM)."""
+  compiler runs out of HBM); with `dump`, XLA dumps the compile there."""
   python = maxtext_side_by_side.ensure_venv()
   base = maxtext_side_by_side.base_yml(python)
   overrides = {
@@ -197,6 +249,7 @@ def run_maxtext(row: Row, batch: int, devices: int, hbm: int) -> dict:
       "remat_policy": row.remat, "dtype": "bfloat16",
       "attention": ("dot_product" if _ATTENTION.value == "dot_product"
                     else "autoselected"),
+      "float32_qk_product": _plain_f32(), "float32_logits": _plain_f32(),
       # dot_product: no Pallas, so experts through ragged_dot, not megablox.
       "megablox": _ATTENTION.value != "dot_product",
       "weight_dtype": "float32", "dataset_type": "synthetic",
@@ -208,7 +261,12 @@ def run_maxtext(row: Row, batch: int, devices: int, hbm: int) -> dict:
     result = subprocess.run(
         [python, "-c", _MAXTEXT_WRAPPER, out, base,
          *(f"{k}={v}" for k, v in overrides.items())],
-        env={**os.environ, "DECOUPLE_GCLOUD": "TRUE", "PYTHONPATH": ""},
+        env={**os.environ, "DECOUPLE_GCLOUD": "TRUE", "PYTHONPATH": "",
+             **({"XLA_FLAGS": " ".join(
+                 [os.environ.get("XLA_FLAGS", "")] +
+                 [f"--{k}={str(v).lower()}"
+                  for k, v in _dump_options(dump).items()])}
+                if dump else {})},
         capture_output=True, text=True, cwd=folder)
     if result.returncode:
       raise RuntimeError(f"MaxText's train_compile failed:\n"
@@ -224,10 +282,12 @@ def run_maxtext(row: Row, batch: int, devices: int, hbm: int) -> dict:
   return figures
 
 
-def run_ours(row: Row, batch: int, hardware, costs: bool = True) -> dict:
+def run_ours(row: Row, batch: int, hardware, costs: bool = True,
+             dump: str | None = None) -> dict:
   """Our figures for `row` at global `batch` ({"oom": why} when the
   compiler runs out of HBM); without `costs`, no FLOPs and bytes accessed
-  (they compile unrolled variants)."""
+  (they compile unrolled variants); with `dump`, XLA dumps the compile
+  there."""
   module, variant = row.config.split(":")
   config = importlib.import_module(f"configs.{module}").get_config(variant)
   settings = {**row.ours, "model.dtype": "bfloat16",
@@ -240,7 +300,8 @@ def run_ours(row: Row, batch: int, hardware, costs: bool = True) -> dict:
   config.update_from_flattened_dict(settings)
   experiment = ExperimentConfig.from_config_dict(config)
   try:
-    step = compile_step.compile_train_step(experiment, hardware)
+    step = compile_step.compile_train_step(
+        experiment, hardware, _dump_options(dump) if dump else None)
   except compile_step.DoesNotFitError as e:
     return {"oom": str(e)}
   xla = compile_step.xla_costs(step, experiment)[0] if costs else {}
@@ -310,13 +371,22 @@ def main(argv: list[str]) -> None:
       configured = True
     hardware = topology_lib.make_devices(target)
     devices = len(hardware.devices)
-    runs = {"ours": lambda b, r=row, h=hardware: run_ours(r, b, h),
-            "maxtext": lambda b, r=row, d=devices, h=hardware: run_maxtext(
-                r, b, d, h.memory_bytes)}
+    runs = {"ours": lambda b, r=row, h=hardware, **kw: run_ours(r, b, h,
+                                                                **kw),
+            "maxtext": lambda b, r=row, d=devices, h=hardware, **kw:
+                       run_maxtext(r, b, d, h.memory_bytes, **kw)}
     for side in _SIDES.value:
-      figures = runs[side](row.batch)
+      with tempfile.TemporaryDirectory() as dump:
+        figures = runs[side](row.batch,
+                             dump=dump if _BUFFERS.value else None)
+        # The compiler writes the report also when the step does not fit.
+        buffers = (largest_buffers(dump, _BUFFERS.value)
+                   if _BUFFERS.value else [])
       versions[side] = figures.get("versions", versions.get(side))
       _print(name, side, figures)
+      for size, shapes in buffers:
+        print(f"  {name} {side} buffer: {size / _GIB:.2f} GiB: {shapes}",
+              flush=True)
     if _BISECT.value:
       for side in _SIDES.value:
         fit = runs[side] if side == "maxtext" else (
