@@ -158,6 +158,9 @@ def model_defaults() -> ml_collections.ConfigDict:
       # With expert parallelism, how the dropless path moves tokens:
       # "all_to_all", "all_gather" or "auto" (maxtext.layers.moe).
       moe_expert_exchange="auto",
+      # The "all_gather" exchange's tokens through the experts in this many
+      # rematerialised chunks: less memory, one more expert forward pass.
+      moe_expert_chunks=1,
       load_balance_loss_weight=0.0,  # Auxiliary load-balancing loss.
       router_z_loss_weight=0.0,
       # "gqa" or "mla" (DeepSeek's multi-head latent attention, whose

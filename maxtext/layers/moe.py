@@ -122,6 +122,9 @@ class MoeConfig:
     capacity_factor: See impl="capacity".
     expert_exchange: How impl="dropless" moves tokens between expert
       shards, of `EXCHANGES` (`moe_experts.expert_parallel_dropless`).
+    expert_chunks: The "all_gather" exchange runs its gathered tokens
+      through the shard's experts in this many chunks, each rematerialised:
+      less memory, one more forward pass of the experts. 1 is off.
     load_balance_loss_weight: Weight of the auxiliary load-balancing loss
       (module doc); 0 is off.
     router_z_loss_weight: Weight of the router z-loss; 0 is off.
@@ -148,6 +151,7 @@ class MoeConfig:
       "expert_group_score": "expert_group_score",
       "impl": "moe_impl", "capacity_factor": "capacity_factor",
       "expert_exchange": "moe_expert_exchange",
+      "expert_chunks": "moe_expert_chunks",
       "load_balance_loss_weight": "load_balance_loss_weight",
       "router_z_loss_weight": "router_z_loss_weight",
   }
@@ -176,6 +180,7 @@ class MoeConfig:
   impl: str = "dropless"
   capacity_factor: float = 1.25
   expert_exchange: str = "auto"
+  expert_chunks: int = 1
   load_balance_loss_weight: float = 0.0
   router_z_loss_weight: float = 0.0
 
@@ -183,11 +188,13 @@ class MoeConfig:
     def fail(field, valid):
       sections.fail_part(self, field, valid)
 
-    for name in ("num_experts", "num_shared_experts", "mlp_dim",
-                 "shared_mlp_dim"):
+    for name, least in (("num_experts", 0), ("num_shared_experts", 0),
+                        ("mlp_dim", 0), ("shared_mlp_dim", 0),
+                        ("expert_chunks", 1)):
       value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        fail(name, "must be an integer >= 0")
+      if (isinstance(value, bool) or not isinstance(value, int)
+          or value < least):
+        fail(name, f"must be an integer >= {least}")
     expert_flags = ("router_logit_bias", "expert_bias",
                     "expert_gate_up_fused", "weights_on_input",
                     "router_input_norm", "router_per_expert_scale",
@@ -414,18 +421,9 @@ class MoE(nnx.Module):
         *biases)
     dropped = jnp.zeros((), jnp.int32)
     if cfg.impl == "dropless":
-      rules = moe_experts.expert_parallel_rules(cfg.num_experts,
-                                                x_TD.shape[0])
-      token_rules = (None if rules is not None else
-                     moe_experts.token_parallel_rules(weights, x_TD.shape[0]))
-      if rules is not None:
-        y_TD = moe_experts.expert_parallel_dropless(
-            x_TD, routing, weights, rules, cfg.expert_exchange)
-      elif token_rules is not None:
-        y_TD = moe_experts.token_parallel_dropless(x_TD, routing, weights,
-                                                   token_rules)
-      else:
-        y_TD = moe_experts.dropless_experts(x_TD, routing, weights)
+      y_TD = moe_experts.sharded_dropless(x_TD, routing, weights,
+                                          cfg.expert_exchange,
+                                          cfg.expert_chunks)
     elif cfg.impl == "capacity":
       y_TD, dropped = moe_experts.capacity_experts(
           x_TD, routing, weights, cfg.capacity(x_TD.shape[0]))

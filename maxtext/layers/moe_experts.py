@@ -209,6 +209,22 @@ def dropless_experts(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
   return _combine(y_YD, routing, order, x_TD.shape[0])
 
 
+def sharded_dropless(x_TD, routing: Routing, w: ExpertWeights,
+                     exchange: str = "auto", chunks: int = 1) -> jax.Array:
+  """`dropless_experts` as the active compute rules split the experts and
+  tokens: `expert_parallel_dropless` (with `exchange` and `chunks`),
+  `token_parallel_dropless`, or on the whole batch."""
+  tokens = x_TD.shape[0]
+  rules = expert_parallel_rules(w.gate_EDF.shape[0], tokens)
+  if rules is not None:
+    return expert_parallel_dropless(x_TD, routing, w, rules, exchange,
+                                    chunks)
+  token_rules = token_parallel_rules(w, tokens)
+  if token_rules is not None:
+    return token_parallel_dropless(x_TD, routing, w, token_rules)
+  return dropless_experts(x_TD, routing, w)
+
+
 def expert_parallel_rules(num_experts: int, tokens: int):
   """The active compute rules when they split the experts, and the batch's
   `tokens`, over the `expert` mesh axis (size > 1), else None."""
@@ -269,7 +285,8 @@ def token_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
 
 
 def expert_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
-                             rules, exchange: str = "auto") -> jax.Array:
+                             rules, exchange: str = "auto",
+                             chunks: int = 1) -> jax.Array:
   """`dropless_experts` with tokens moved between expert shards.
 
   Under `jax.shard_map` over `rules.mesh`: tokens (and their routing) split
@@ -285,7 +302,8 @@ def expert_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
       the routing, zero where a token did not choose the expert) and
       reduce-scatters the sums back to the tokens' shards. Moves the tokens
       instead of `k` times their assignments and multiplies `local` rows
-      per token instead of `k`.
+      per token instead of `k`. `chunks` > 1: the gathered tokens in that
+      many chunks, each under `jax.checkpoint` (`MoeConfig.expert_chunks`).
     "auto": all_gather when a shard holds at most k experts, else
       all_to_all.
   """
@@ -299,7 +317,8 @@ def expert_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
     exchange = ("all_gather" if local <= routing.experts_TA.shape[1]
                 else "all_to_all")
   run = (functools.partial(_exchange_tokens, shards=shards)
-         if exchange == "all_to_all" else _gather_tokens)
+         if exchange == "all_to_all" else
+         functools.partial(_gather_tokens, chunks=chunks))
 
   def exchanged(x_TD, experts_TA, weights_TA, local_arrays):
     return run(
@@ -313,19 +332,31 @@ def expert_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
                              arrays)
 
 
-def _gather_tokens(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
+def _gather_tokens(x_TD, routing: Routing, w: ExpertWeights,
+                   chunks: int) -> jax.Array:
   """One shard's part of `expert_parallel_dropless`'s "all_gather" (inside
   shard_map): `w` holds this shard's experts, global ids `index * local`
-  on."""
-
-  def gather(a):
-    return jax.lax.all_gather(a, EXPERT_AXIS, tiled=True)
-
+  on. Raises ValueError where `chunks` does not divide the tokens."""
   first = jax.lax.axis_index(EXPERT_AXIS) * w.gate_EDF.shape[0]
-  y_TD = dense_experts(
-      gather(x_TD), Routing(gather(routing.weights_TA),
-                            gather(routing.experts_TA), None,
-                            routing.on_input), w, first)
+  gathered = tuple(jax.lax.all_gather(a, EXPERT_AXIS, tiled=True)
+                   for a in (x_TD, routing.weights_TA, routing.experts_TA))
+
+  def run(arrays):
+    x_TD, weights_TA, experts_TA = arrays
+    return dense_experts(x_TD, Routing(weights_TA, experts_TA, None,
+                                       routing.on_input), w, first)
+
+  tokens = gathered[0].shape[0]
+  if chunks == 1:
+    y_TD = run(gathered)
+  elif tokens % chunks:
+    raise ValueError(
+        f"model.moe_expert_chunks={chunks} does not divide the {tokens}"
+        " tokens each expert shard gathers; use a divisor of it.")
+  else:
+    y_TD = jax.lax.map(jax.checkpoint(run), tuple(
+        a.reshape(chunks, tokens // chunks, *a.shape[1:]) for a in gathered
+    )).reshape(tokens, -1)
   return jax.lax.psum_scatter(y_TD, EXPERT_AXIS, tiled=True)
 
 

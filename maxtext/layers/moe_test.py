@@ -327,7 +327,11 @@ class MoEConfigTest(absltest.TestCase):
                             "router_bias_update_rate.*router_bias=True"),
                            (dict(router_bias=True,
                                  router_bias_update_rate=-0.001),
-                            "router_bias_update_rate.*>= 0")):
+                            "router_bias_update_rate.*>= 0"),
+                           (dict(expert_chunks=0),
+                            "moe_expert_chunks=0.*integer >= 1"),
+                           (dict(expert_chunks=True),
+                            "moe_expert_chunks=True.*integer >= 1")):
       with self.assertRaisesRegex(ValueError, field):
         dataclasses.replace(_CFG, **changes)
 

@@ -294,6 +294,9 @@ class ExpertParallelismTest(parameterized.TestCase):
       ("dropless_gathered_expert8", {"expert": 8},
        dict(moe_impl="dropless", num_experts=8,
             moe_expert_exchange="all_gather")),
+      # The gathered tokens in two rematerialised chunks.
+      ("dropless_gathered_chunks_fsdp2_expert4", {"fsdp": 2, "expert": 4},
+       dict(moe_impl="dropless", moe_expert_chunks=2)),
       ("capacity_with_drops_fsdp2_expert4", {"fsdp": 2, "expert": 4},
        dict(moe_impl="capacity", capacity_factor=0.5)),
       # DeepSeek-V2: softmax routing within groups scored by their best
