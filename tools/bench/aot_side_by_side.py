@@ -39,6 +39,7 @@ starts MaxText as a subprocess):
       --bisect
 """
 
+import ast
 import collections
 import dataclasses
 import importlib
@@ -63,6 +64,9 @@ _ROWS = flags.DEFINE_list("rows", ["llama3_8b", "mixtral_8x7b", "gemma3_27b"],
 _BISECT = flags.DEFINE_bool("bisect", False,
                             "Also find each program's largest global batch.")
 _SIDES = flags.DEFINE_list("sides", ["ours", "maxtext"], "Programs to run.")
+_OURS = flags.DEFINE_list(
+    "ours", [], "More settings of our config, as dotted key=value (e.g."
+    " model.moe_expert_chunks=4), on every row.")
 _F32_ATTENTION = flags.DEFINE_bool(
     "maxtext_float32_attention", True,
     "With --attention=dot_product: MaxText's query-key products and softmax"
@@ -297,8 +301,17 @@ def run_ours(row: Row, batch: int, hardware, costs: bool = True,
               "attention_kernel.impl": ("reference"
                                         if _ATTENTION.value == "dot_product"
                                         else "auto")}
-  config.update_from_flattened_dict(settings)
-  experiment = ExperimentConfig.from_config_dict(config)
+  for setting in _OURS.value:
+    key, _, value = setting.partition("=")
+    try:
+      settings[key] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      settings[key] = value  # A string.
+  try:
+    config.update_from_flattened_dict(settings)
+    experiment = ExperimentConfig.from_config_dict(config)
+  except (KeyError, TypeError, ValueError) as e:
+    raise app.UsageError(f"--ours={','.join(_OURS.value)}: {e}") from e
   try:
     step = compile_step.compile_train_step(
         experiment, hardware, _dump_options(dump) if dump else None)
