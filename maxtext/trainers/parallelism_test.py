@@ -34,6 +34,7 @@ from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
 from testing import devices
 from testing import tiny_configs
+from testing import trees
 
 _RTOL = 1e-4
 _ATOL = 1e-5
@@ -115,18 +116,11 @@ def _sharded_axes(params) -> list[str]:
           for axis in ((dim,) if isinstance(dim, str) else dim)]
 
 
-def _assert_trees_close(test, got, want, *, scaled_atol: float = 0.0):
+def _assert_trees_close(got, want, *, scaled_atol: float = 0.0):
   """Leaf by leaf within `_RTOL` and `_ATOL`, or `scaled_atol` times the
   leaf's largest magnitude if larger."""
-  flat_got = jax.tree_util.tree_leaves_with_path(got)
-  flat_want = jax.tree.leaves(want)
-  test.assertEqual(len(flat_got), len(flat_want))
-  for (path, a), b in zip(flat_got, flat_want):
-    b = np.asarray(b)
-    np.testing.assert_allclose(
-        np.asarray(a), b, rtol=_RTOL,
-        atol=max(_ATOL, scaled_atol * float(np.abs(b).max(initial=0.0))),
-        err_msg=jax.tree_util.keystr(path))
+  trees.assert_trees_close(got, want, rtol=_RTOL, atol=_ATOL,
+                           scaled_atol=scaled_atol)
 
 
 class ParallelismTest(parameterized.TestCase):
@@ -158,8 +152,8 @@ class ParallelismTest(parameterized.TestCase):
     loss, grads, new_params = _loss_grads_and_update(state, batch)
     np.testing.assert_allclose(float(loss), float(self.single_loss),
                                rtol=_RTOL)
-    _assert_trees_close(self, grads, self.single_grads)
-    _assert_trees_close(self, new_params, self.single_params)
+    _assert_trees_close(grads, self.single_grads)
+    _assert_trees_close(new_params, self.single_params)
     # The update keeps the layout: parameters stay sharded as created.
     jax.tree.map(lambda a, b: self.assertTrue(
         a.sharding.is_equivalent_to(b.sharding, a.ndim),
@@ -183,8 +177,8 @@ class ParallelismTest(parameterized.TestCase):
     self.assertEqual(kernel.addressable_shards[0].data.shape[0], 2)
     loss, grads, new_params = _loss_grads_and_update(state, _batch(state))
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=_RTOL)
-    _assert_trees_close(self, grads, want_grads)
-    _assert_trees_close(self, new_params, want_params)
+    _assert_trees_close(grads, want_grads)
+    _assert_trees_close(new_params, want_params)
     jax.tree.map(lambda a, b: self.assertTrue(
         a.sharding.is_equivalent_to(b.sharding, a.ndim),
         f"{a.sharding} != {b.sharding}"), new_params, state.params)
@@ -204,8 +198,8 @@ class ParallelismTest(parameterized.TestCase):
       loss, grads, new_params = _loss_grads_and_update(state, batch)
       np.testing.assert_allclose(float(loss), float(self.single_loss),
                                  rtol=_RTOL)
-      _assert_trees_close(self, grads, self.single_grads)
-      _assert_trees_close(self, new_params, self.single_params)
+      _assert_trees_close(grads, self.single_grads)
+      _assert_trees_close(new_params, self.single_params)
 
   def test_optimizer_state_is_sharded_like_the_params(self):
     state = _state({"data": 1, "fsdp": 8}, jax.devices())
@@ -247,8 +241,8 @@ class ParallelismTest(parameterized.TestCase):
     loss, grads, new_state = _loss_grads_and_step(state, _batch(state))
     np.testing.assert_allclose(float(loss), float(self.single_loss),
                                rtol=_RTOL)
-    _assert_trees_close(self, grads, self.single_grads)
-    _assert_trees_close(self, new_state.params, self.single_params)
+    _assert_trees_close(grads, self.single_grads)
+    _assert_trees_close(new_state.params, self.single_params)
     # Same devices, spec and memory kind, before and after the step.
     want = jax.sharding.NamedSharding(state.rules.mesh, moment_spec,
                                       memory_kind=memory_kind)
@@ -289,8 +283,8 @@ class NormsAcrossShardsTest(parameterized.TestCase):
     # by about the learning rate whatever its gradient's size, so rounding
     # of a gradient near zero shows in the updated weight (one element of
     # 6144 here differs by 1.2e-4).
-    _assert_trees_close(self, grads, want[1], scaled_atol=1e-3)
-    _assert_trees_close(self, new_params, want[2], scaled_atol=1e-3)
+    _assert_trees_close(grads, want[1], scaled_atol=1e-3)
+    _assert_trees_close(new_params, want[2], scaled_atol=1e-3)
 
 
 class SharedKvAcrossShardsTest(absltest.TestCase):
@@ -313,7 +307,7 @@ class SharedKvAcrossShardsTest(absltest.TestCase):
     self.assertIn("tensor", _sharded_axes(state.params["shared_blocks"]))
     loss, grads, _ = _loss_grads_and_update(state, _batch(state))
     np.testing.assert_allclose(float(loss), float(want[0]), rtol=_RTOL)
-    _assert_trees_close(self, grads, want[1], scaled_atol=1e-3)
+    _assert_trees_close(grads, want[1], scaled_atol=1e-3)
 
 
 class GatedDeltaNetAcrossShardsTest(absltest.TestCase):
@@ -338,7 +332,7 @@ class GatedDeltaNetAcrossShardsTest(absltest.TestCase):
     self.assertIn("tensor", _sharded_axes(state.params["linear_blocks"]))
     loss, grads, _ = _loss_grads_and_update(state, _batch(state))
     np.testing.assert_allclose(float(loss), float(want[0]), rtol=_RTOL)
-    _assert_trees_close(self, grads, want[1], scaled_atol=1e-3)
+    _assert_trees_close(grads, want[1], scaled_atol=1e-3)
 
 
 class SparseAttentionAcrossShardsTest(absltest.TestCase):
@@ -359,7 +353,7 @@ class SparseAttentionAcrossShardsTest(absltest.TestCase):
         .sharding.spec[2], "tensor")
     loss, grads, _ = _loss_grads_and_update(state, _batch(state))
     np.testing.assert_allclose(float(loss), float(want[0]), rtol=_RTOL)
-    _assert_trees_close(self, grads, want[1], scaled_atol=1e-3)
+    _assert_trees_close(grads, want[1], scaled_atol=1e-3)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from maxtext.sharding import rules as rules_lib
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
 from testing import devices
+from testing import trees
 
 # Loss and gradients: float32, the schedules sum in different orders
 # (measured: loss within 1.1e-7 relative; folding batch and length in the
@@ -153,13 +154,8 @@ class PipelineScheduleTest(parameterized.TestCase):
     compiled = _compiled_loss_and_grads(state, batch)
     loss, grads = compiled(state, batch)
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=_RTOL)
-    flat_want = jax.tree.leaves(want_grads)
-    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(grads),
-                                 flat_want, strict=True):
-      np.testing.assert_allclose(np.asarray(got), np.asarray(want),
-                                 rtol=_RTOL,
-                                 atol=_ATOL_SCALE * np.abs(want).max(),
-                                 err_msg=jax.tree_util.keystr(path))
+    trees.assert_trees_close(grads, want_grads, rtol=_RTOL,
+                             scaled_atol=_ATOL_SCALE)
     if set(ici) == {"data", "stage"}:
       self.assertEqual(_weight_moves(compiled.as_text()), [])
 
