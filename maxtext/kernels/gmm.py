@@ -12,18 +12,18 @@ one signature:
               (`jax.experimental.pallas.ops.tpu.megablox.gmm`, with its own
               VJP); M is padded to the row tile here.
   tiled       block-sparse in plain JAX (MegaBlocks' layout): each group's
-              rows padded to a multiple of the row tile, each tile
-              multiplied by its group's matrix (gathered per tile) in one
-              batched matmul; (M + G * tile) rows of FLOPs, a static
-              ceil(M / tile) + G tiles. Differentiable by JAX.
+              rows padded to a multiple of the row tile (capped at M), and
+              a loop over the tiles that hold rows, each multiplied by its
+              group's matrix, forward and backward (a custom VJP): the
+              FLOPs of the rows in groups, padded, and none for the rows
+              past them.
   auto        megablox on a single TPU device with K and N multiples of
-              128 (its tiles); tiled on CPU with more than one group (one
-              group's dense lowering is the plain matmul, and tiled's
-              gathers would only add to it); ragged_dot elsewhere: XLA
-              partitions ragged_dot but cannot partition a Pallas kernel,
-              and inside the expert-parallel `jax.shard_map` of
-              `maxtext.layers.moe_experts` (check_vma=True) megablox's
-              outputs lack the varying-axes annotation it needs.
+              128 (its tiles); tiled on CPU (`skips_unused_rows`);
+              ragged_dot elsewhere: XLA partitions ragged_dot but cannot
+              partition a Pallas kernel, and inside the expert-parallel
+              `jax.shard_map` of `maxtext.layers.moe_parallel`
+              (check_vma=True) megablox's outputs lack the varying-axes
+              annotation it needs.
 
 Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
@@ -52,8 +52,72 @@ def _megablox(lhs_TD, rhs_EDF, group_sizes_E, tiling, interpret):
   return jnp.where(in_group_M1, out_TF, 0)[:rows]
 
 
+def _zeros(shape, dtype, *like):
+  """Zeros that vary over every mesh axis any of `like` varies over: inside
+  `jax.shard_map`, a loop's carry must vary as its body's result does
+  (`zeros_like` keeps its argument's varying axes, and sums join them)."""
+  return sum(jnp.zeros_like(a, dtype, shape=shape) for a in like)
+
+
+def _live_tiles_matmul(x_PSD, rhs_EDF, group_P, live):
+  """out[p] = x_PSD[p] @ rhs_EDF[group_P[p]] for the first `live` tiles
+  (a dynamic count), zeros after: a loop that runs only the tiles holding
+  rows, forward and backward."""
+  # Inside `jax.shard_map`, the custom VJP's gradients must vary as its
+  # inputs do: let both inputs vary as all four do (autodiff sums the
+  # gradients of what did not vary over those axes).
+  like = (x_PSD, rhs_EDF, group_P, live)
+  return _live_tiles(x_PSD + _zeros(x_PSD.shape, x_PSD.dtype, *like),
+                     rhs_EDF + _zeros(rhs_EDF.shape, rhs_EDF.dtype, *like),
+                     group_P, live)
+
+
+@jax.custom_vjp
+def _live_tiles(x_PSD, rhs_EDF, group_P, live):
+  """`_live_tiles_matmul` of inputs that vary alike."""
+  def body(p, out_PSF):
+    tile_SF = jnp.dot(x_PSD[p], rhs_EDF[group_P[p]],
+                      preferred_element_type=x_PSD.dtype)
+    return jax.lax.dynamic_update_index_in_dim(out_PSF, tile_SF, p, 0)
+
+  out = _zeros(x_PSD.shape[:2] + rhs_EDF.shape[2:], x_PSD.dtype, x_PSD,
+               rhs_EDF, group_P, live)
+  return jax.lax.fori_loop(0, live, body, out)
+
+
+def _live_tiles_fwd(x_PSD, rhs_EDF, group_P, live):
+  return (_live_tiles(x_PSD, rhs_EDF, group_P, live),
+          (x_PSD, rhs_EDF, group_P, live))
+
+
+def _live_tiles_bwd(res, d_PSF):
+  x_PSD, rhs_EDF, group_P, live = res
+
+  def body(p, grads):
+    dx_PSD, drhs_EDF = grads
+    g = group_P[p]
+    dx_SD = jnp.dot(d_PSF[p], rhs_EDF[g].T,
+                    preferred_element_type=x_PSD.dtype)
+    # Each group's matrix sums its tiles' products in float32.
+    drhs_DF = jnp.dot(x_PSD[p].T, d_PSF[p],
+                      preferred_element_type=jnp.float32)
+    return (jax.lax.dynamic_update_index_in_dim(dx_PSD, dx_SD, p, 0),
+            drhs_EDF.at[g].add(drhs_DF))
+
+  like = (x_PSD, rhs_EDF, group_P, live, d_PSF)
+  dx_PSD, drhs_EDF = jax.lax.fori_loop(0, live, body, (
+      _zeros(x_PSD.shape, x_PSD.dtype, *like),
+      _zeros(rhs_EDF.shape, jnp.float32, *like)))
+  return dx_PSD, drhs_EDF.astype(rhs_EDF.dtype), None, None
+
+
+_live_tiles.defvjp(_live_tiles_fwd, _live_tiles_bwd)
+
+
 def _tiled(lhs_TD, rhs_EDF, group_sizes_E, tile):
   rows, groups = lhs_TD.shape[0], rhs_EDF.shape[0]
+  # A tile taller than all the rows would only multiply padding.
+  tile = max(1, min(tile, rows))
   sizes_E = group_sizes_E.astype(jnp.int32)
   # Group g's rows start at starts_E[g] here and at tile_starts_E[g] * tile
   # in the padded layout, where it has tiles_E[g] tiles.
@@ -76,8 +140,7 @@ def _tiled(lhs_TD, rhs_EDF, group_sizes_E, tile):
   valid_PS = live_P[:, None] & (offset_PS < sizes_E[group_P][:, None])
   source_PS = jnp.where(valid_PS, starts_E[group_P][:, None] + offset_PS, 0)
   x_PSD = jnp.where(valid_PS[..., None], lhs_TD[source_PS], 0)
-  out_PSF = jnp.einsum("psd,pdf->psf", x_PSD, rhs_EDF[group_P],
-                       preferred_element_type=lhs_TD.dtype)
+  out_PSF = _live_tiles_matmul(x_PSD, rhs_EDF, group_P, tile_ends_E[-1])
   # Row i of group g is padded row tile_starts_E[g] * tile + i -
   # starts_E[g]; rows past the groups give zeros.
   row_T = jnp.arange(rows)
@@ -88,6 +151,12 @@ def _tiled(lhs_TD, rhs_EDF, group_sizes_E, tile):
   out_PF = out_PSF.reshape(num_tiles * tile, -1)
   return jnp.where(in_group_T1, out_PF[jnp.where(in_group_T1[:, 0],
                                                  padded_T, 0)], 0)
+
+
+def skips_unused_rows() -> bool:
+  """Whether "auto" computes only the rows in groups (the tiled loop, on
+  CPU), rather than every row of the static buffer."""
+  return backend.target_platform() == "cpu"
 
 
 def grouped_matmul(
@@ -121,7 +190,7 @@ def grouped_matmul(
   if impl == "auto":
     lane_aligned = lhs_TD.shape[1] % 128 == 0 and rhs_EDF.shape[2] % 128 == 0
     platform = backend.target_platform()
-    if platform == "cpu" and rhs_EDF.shape[0] > 1:
+    if skips_unused_rows():
       impl = "tiled"
     else:
       impl = ("megablox" if platform == "tpu" and backend.single_device()

@@ -71,20 +71,28 @@ class GroupedMatmulTest(parameterized.TestCase):
            sizes=(1, 99, 0, 0, 100), atol=1e-4),
       dict(testcase_name="bf16_tile128", dtype=jnp.bfloat16, tile=128,
            sizes=(80, 40, 30, 50, 0), atol=0.1),
+      # 13 rows in groups of 200: the loop stops after two of 17 tiles.
+      dict(testcase_name="fp32_tile8_few_rows", dtype=np.float32, tile=8,
+           sizes=(0, 9, 4), atol=1e-4),
+      # One group (an expert-parallel shard's one expert), a tile taller
+      # than the rows.
+      dict(testcase_name="fp32_one_group_tile512", dtype=np.float32,
+           tile=512, sizes=(150,), atol=1e-4),
   )
   def test_tiled_matches_ragged_dot(self, dtype, tile, sizes, atol):
     self._assert_matches_ragged_dot("tiled", dtype, sizes, atol,
                                     tiling=(tile, 128, 128))
 
-  def test_auto_is_tiled_on_cpu(self):
-    # More than one group; with one, its dense lowering is one matmul.
-    x, w = np.ones((64, 8), np.float32), np.ones((3, 8, 4), np.float32)
-    sizes = np.int32([10, 0, 30])
+  @parameterized.named_parameters(("three_groups", 3), ("one_group", 1))
+  def test_auto_is_tiled_on_cpu(self, groups):
+    x, w = np.ones((64, 8), np.float32), np.ones((groups, 8, 4), np.float32)
+    sizes = np.int32([10, 0, 30][:groups])
     lowered = {impl: jax.jit(functools.partial(
         gmm.grouped_matmul, impl=impl)).lower(x, w, sizes).as_text()
                for impl in ("auto", "tiled", "ragged_dot")}
     self.assertEqual(lowered["auto"], lowered["tiled"])
     self.assertNotEqual(lowered["auto"], lowered["ragged_dot"])
+    self.assertTrue(gmm.skips_unused_rows())
 
   def test_unknown_impl(self):
     with self.assertRaisesRegex(ValueError, "'cutlass'.*megablox"):

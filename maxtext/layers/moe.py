@@ -15,9 +15,10 @@ renormalised. Gemma 4's router normalises the residual stream itself
 (`router_input_norm`) and scales each chosen weight by its expert's learned
 scale (`router_per_expert_scale`).
 
-The routed experts (gated MLPs), the three ways to run them
-(`MoeConfig.impl`: "dropless", "capacity", "dense") and expert parallelism
-are in `maxtext.layers.moe_experts`.
+The routed experts (gated MLPs) and the three ways to run them
+(`MoeConfig.impl`: "dropless", "capacity", "dense") are in
+`maxtext.layers.moe_experts`; the dropless path's token exchange on a
+sharded batch is in `maxtext.layers.moe_parallel`.
 
 Auxiliary losses (`MoE.__call__` returns them with the output, already
 weighted by the config): the load-balancing loss (`moe_experts.load_balance_loss`)
@@ -52,6 +53,7 @@ from maxtext.common import sections
 from maxtext.layers import linear
 from maxtext.layers import mlp
 from maxtext.layers import moe_experts
+from maxtext.layers import moe_parallel
 from maxtext.layers import norm
 
 
@@ -121,7 +123,7 @@ class MoeConfig:
       runs on every token: the reference).
     capacity_factor: See impl="capacity".
     expert_exchange: How impl="dropless" moves tokens between expert
-      shards, of `EXCHANGES` (`moe_experts.expert_parallel_dropless`).
+      shards, of `EXCHANGES` (`moe_parallel.expert_parallel_dropless`).
     expert_chunks: The "all_gather" exchange runs its gathered tokens
       through the shard's experts in this many chunks, each rematerialised:
       less memory, one more forward pass of the experts. 1 is off.
@@ -421,9 +423,9 @@ class MoE(nnx.Module):
         *biases)
     dropped = jnp.zeros((), jnp.int32)
     if cfg.impl == "dropless":
-      y_TD = moe_experts.sharded_dropless(x_TD, routing, weights,
-                                          cfg.expert_exchange,
-                                          cfg.expert_chunks)
+      y_TD = moe_parallel.sharded_dropless(x_TD, routing, weights,
+                                           cfg.expert_exchange,
+                                           cfg.expert_chunks)
     elif cfg.impl == "capacity":
       y_TD, dropped = moe_experts.capacity_experts(
           x_TD, routing, weights, cfg.capacity(x_TD.shape[0]))

@@ -23,36 +23,13 @@ Expert parallelism: expert weights carry the logical axis "experts" (the
 rule tables map it to the `expert` mesh axis). The capacity path constrains
 its dispatched tokens [E, C, D] to the same axis, so XLA exchanges tokens
 between the batch shards and the expert shards (all-to-all) and each device
-runs only its experts. XLA cannot partition ragged_dot over experts (it
-would gather the expert weights), so when the compute rules split the
-experts over `expert` (size > 1), the dropless path exchanges tokens itself
-(`expert_parallel_dropless`): inside `jax.shard_map` each shard routes its
-tokens, sends each assignment to the shard holding its expert, runs its
-local experts on what it received and sends the results back, with
-`all_to_all` over `expert`. XLA:CPU lacks `ragged_all_to_all`, so the
-exchange uses fixed buffers of Y rows per destination shard (a sender's
-every assignment may go to one shard): nothing is dropped, at the price of
-moving `expert` times more rows than a ragged exchange would. When a shard
-holds at most k experts, gathering the tokens moves and multiplies less:
-each shard runs its experts on every token of its `expert` group and
-reduce-scatters the weighted sums back (`MoeConfig.expert_exchange`).
-
-Without expert parallelism, XLA's own partitioning of the dropless path
-gathers every token of the batch on every device (the sort by expert spans
-the whole batch), so its buffers grow with the device count: Llama 4 Scout's
-step (one row of 8192 tokens per v5p chip, FSDP, full remat) needed 117 GiB
-of temporaries per chip over 32 chips and 136 GiB over 64. When the compute
-rules split the tokens but keep each expert weight whole (FSDP gathers it,
-as it gathers a dense layer's), the dropless path runs in `jax.shard_map` on
-each shard's own tokens instead (`token_parallel_dropless`): each shard
-sorts and multiplies only its own assignments (Scout over 32 chips: 62 GiB
-of temporaries).
+runs only its experts. The dropless path moves tokens itself, in
+`maxtext.layers.moe_parallel`.
 
 Shape suffixes: `maxtext.common.axes.SHAPE_KEY`.
 """
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -64,8 +41,6 @@ from maxtext.kernels import gmm
 # dispatched to experts.
 EXPERTS = "experts"
 _DISPATCHED = (EXPERTS, None, axes.EMBED)
-# The mesh axis the dropless path exchanges tokens over.
-EXPERT_AXIS = "expert"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +141,7 @@ def grouped_experts(x_YD, expert_Y, sizes_E, w: ExpertWeights) -> jax.Array:
   return w.output(gmm.grouped_matmul(h_YF, w.down_EFD, sizes_E), expert_Y)
 
 
-def _sort_by_expert(routing: Routing, num_experts: int):
+def sort_by_expert(routing: Routing, num_experts: int):
   """(order, expert_Y, sizes_E): the T*A assignments sorted by expert."""
   flat_experts = routing.experts_TA.reshape(-1)
   order = jnp.argsort(flat_experts, stable=True)
@@ -174,7 +149,7 @@ def _sort_by_expert(routing: Routing, num_experts: int):
           expert_counts(flat_experts, num_experts))
 
 
-def _inputs(x_TD, routing: Routing, order) -> jax.Array:
+def assignment_inputs(x_TD, routing: Routing, order) -> jax.Array:
   """The rows [Y, D] of the assignments `order` (indices into the flat
   [T * k] choices): each its token's row, times its weight when the weights
   scale the inputs (`Routing.on_input`)."""
@@ -186,7 +161,7 @@ def _inputs(x_TD, routing: Routing, order) -> jax.Array:
   return x_YD
 
 
-def _weighted(y_YD, routing: Routing, order) -> jax.Array:
+def weighted_outputs(y_YD, routing: Routing, order) -> jax.Array:
   """The outputs of the assignments `order`, times their weights unless
   those scaled the inputs."""
   if routing.on_input:
@@ -195,207 +170,40 @@ def _weighted(y_YD, routing: Routing, order) -> jax.Array:
       y_YD.dtype)[:, None]
 
 
-def _combine(y_YD, routing: Routing, order, tokens: int) -> jax.Array:
+def combine_outputs(y_YD, routing: Routing, order, tokens: int) -> jax.Array:
   """Each token's sum of its sorted assignments' (weighted) outputs."""
   k = routing.experts_TA.shape[1]
   return jnp.zeros((tokens, y_YD.shape[-1]), y_YD.dtype).at[order // k].add(
-      _weighted(y_YD, routing, order))
+      weighted_outputs(y_YD, routing, order))
 
 
 def dropless_experts(x_TD, routing: Routing, w: ExpertWeights) -> jax.Array:
   """Tokens sorted by expert through grouped matmuls (`ragged_dot`)."""
-  order, expert_Y, sizes_E = _sort_by_expert(routing, w.gate_EDF.shape[0])
-  y_YD = grouped_experts(_inputs(x_TD, routing, order), expert_Y, sizes_E, w)
-  return _combine(y_YD, routing, order, x_TD.shape[0])
+  order, expert_Y, sizes_E = sort_by_expert(routing, w.gate_EDF.shape[0])
+  y_YD = grouped_experts(assignment_inputs(x_TD, routing, order), expert_Y,
+                         sizes_E, w)
+  return combine_outputs(y_YD, routing, order, x_TD.shape[0])
 
 
-def sharded_dropless(x_TD, routing: Routing, w: ExpertWeights,
-                     exchange: str = "auto", chunks: int = 1) -> jax.Array:
-  """`dropless_experts` as the active compute rules split the experts and
-  tokens: `expert_parallel_dropless` (with `exchange` and `chunks`),
-  `token_parallel_dropless`, or on the whole batch."""
-  tokens = x_TD.shape[0]
-  rules = expert_parallel_rules(w.gate_EDF.shape[0], tokens)
-  if rules is not None:
-    return expert_parallel_dropless(x_TD, routing, w, rules, exchange,
-                                    chunks)
-  token_rules = token_parallel_rules(w, tokens)
-  if token_rules is not None:
-    return token_parallel_dropless(x_TD, routing, w, token_rules)
-  return dropless_experts(x_TD, routing, w)
-
-
-def expert_parallel_rules(num_experts: int, tokens: int):
-  """The active compute rules when they split the experts, and the batch's
-  `tokens`, over the `expert` mesh axis (size > 1), else None."""
-  rules = axes.current_constrainer()
-  mesh = getattr(rules, "mesh", None)
-  if mesh is None or mesh.shape[EXPERT_AXIS] == 1:
-    return None
-  if rules.compute_spec((EXPERTS,), (num_experts,)) != (
-      jax.sharding.PartitionSpec(EXPERT_AXIS)):
-    return None
-  token_axes, = axes.spec_axes(
-      rules.compute_spec((axes.BATCH,), (tokens,)), 1)
-  return rules if EXPERT_AXIS in token_axes else None
-
-
-def token_parallel_rules(w: "ExpertWeights", tokens: int):
-  """The active compute rules when they split the batch's `tokens` over
-  some mesh axis and keep every expert weight whole, else None."""
-  rules = axes.current_constrainer()
-  mesh = getattr(rules, "mesh", None)
-  if mesh is None:
-    return None
-
-  def splits(names, shape) -> bool:
-    return any(mesh.shape[axis] > 1 for dim in axes.spec_axes(
-        rules.compute_spec(names, shape), len(shape)) for axis in dim)
-
-  weights = ((w.gate_EDF, (EXPERTS, axes.EMBED, axes.MLP)),
-             (w.up_EDF, (EXPERTS, axes.EMBED, axes.MLP)),
-             (w.down_EFD, (EXPERTS, axes.MLP, axes.EMBED)))
-  if splits((axes.BATCH,), (tokens,)) and not any(
-      splits(names, array.shape) for array, names in weights):
-    return rules
-  return None
-
-
-def token_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
-                            rules) -> jax.Array:
-  """`dropless_experts` on each shard's own tokens (module doc), under
-  `jax.shard_map` over `rules.mesh`: tokens and their routing split as the
-  compute rules split the batch, every expert weight whole on every
-  shard."""
-  tokens_spec = rules.compute_spec((axes.BATCH, None), x_TD.shape)
-  arrays = {name: value for name, value in vars(w).items()
-            if isinstance(value, jax.Array)}
-
-  def local(x_TD, experts_TA, weights_TA, arrays):
-    return dropless_experts(
-        x_TD, Routing(weights_TA, experts_TA, None, routing.on_input),
-        dataclasses.replace(w, **arrays))
-
-  return jax.shard_map(
-      local, mesh=rules.mesh,
-      in_specs=(tokens_spec, tokens_spec, tokens_spec,
-                jax.sharding.PartitionSpec()),
-      out_specs=tokens_spec)(x_TD, routing.experts_TA, routing.weights_TA,
-                             arrays)
-
-
-def expert_parallel_dropless(x_TD, routing: Routing, w: ExpertWeights,
-                             rules, exchange: str = "auto",
-                             chunks: int = 1) -> jax.Array:
-  """`dropless_experts` with tokens moved between expert shards.
-
-  Under `jax.shard_map` over `rules.mesh`: tokens (and their routing) split
-  as the compute rules split the batch, expert weights by the `expert`
-  axis. `exchange` (`maxtext.layers.moe.EXCHANGES`):
-    "all_to_all": each shard sorts its assignments by expert, sends each
-      to the shard holding its expert, runs its local experts on what it
-      received (`grouped_experts`) and sends the results back (module
-      doc). Fixed buffers: `expert` x the assignments move and are
-      multiplied.
-    "all_gather": each shard gathers the tokens of its `expert` group, runs
-      its local experts on every one of them (`dense_experts`, weighted by
-      the routing, zero where a token did not choose the expert) and
-      reduce-scatters the sums back to the tokens' shards. Moves the tokens
-      instead of `k` times their assignments and multiplies `local` rows
-      per token instead of `k`. `chunks` > 1: the gathered tokens in that
-      many chunks, each under `jax.checkpoint` (`MoeConfig.expert_chunks`).
-    "auto": all_gather when a shard holds at most k experts, else
-      all_to_all.
-  """
-  tokens_spec = rules.compute_spec((axes.BATCH, None), x_TD.shape)
-  arrays = {name: value for name, value in vars(w).items()
-            if isinstance(value, jax.Array)}  # Each [E, ...].
-  expert_spec = jax.sharding.PartitionSpec(EXPERT_AXIS)
-  shards = rules.mesh.shape[EXPERT_AXIS]
-  if exchange == "auto":
-    local = w.gate_EDF.shape[0] // shards
-    exchange = ("all_gather" if local <= routing.experts_TA.shape[1]
-                else "all_to_all")
-  run = (functools.partial(_exchange_tokens, shards=shards)
-         if exchange == "all_to_all" else
-         functools.partial(_gather_tokens, chunks=chunks))
-
-  def exchanged(x_TD, experts_TA, weights_TA, local_arrays):
-    return run(
-        x_TD, Routing(weights_TA, experts_TA, None, routing.on_input),
-        dataclasses.replace(w, **local_arrays))
-
-  return jax.shard_map(
-      exchanged, mesh=rules.mesh,
-      in_specs=(tokens_spec, tokens_spec, tokens_spec, expert_spec),
-      out_specs=tokens_spec)(x_TD, routing.experts_TA, routing.weights_TA,
-                             arrays)
-
-
-def _gather_tokens(x_TD, routing: Routing, w: ExpertWeights,
-                   chunks: int) -> jax.Array:
-  """One shard's part of `expert_parallel_dropless`'s "all_gather" (inside
-  shard_map): `w` holds this shard's experts, global ids `index * local`
-  on. Raises ValueError where `chunks` does not divide the tokens."""
-  first = jax.lax.axis_index(EXPERT_AXIS) * w.gate_EDF.shape[0]
-  gathered = tuple(jax.lax.all_gather(a, EXPERT_AXIS, tiled=True)
-                   for a in (x_TD, routing.weights_TA, routing.experts_TA))
-
-  def run(arrays):
-    x_TD, weights_TA, experts_TA = arrays
-    return dense_experts(x_TD, Routing(weights_TA, experts_TA, None,
-                                       routing.on_input), w, first)
-
-  tokens = gathered[0].shape[0]
-  if chunks == 1:
-    y_TD = run(gathered)
-  elif tokens % chunks:
-    raise ValueError(
-        f"model.moe_expert_chunks={chunks} does not divide the {tokens}"
-        " tokens each expert shard gathers; use a divisor of it.")
-  else:
-    y_TD = jax.lax.map(jax.checkpoint(run), tuple(
-        a.reshape(chunks, tokens // chunks, *a.shape[1:]) for a in gathered
-    )).reshape(tokens, -1)
-  return jax.lax.psum_scatter(y_TD, EXPERT_AXIS, tiled=True)
-
-
-def _exchange_tokens(x_TD, routing: Routing, w: ExpertWeights,
-                     shards: int) -> jax.Array:
-  """One shard's part of `expert_parallel_dropless` (inside shard_map).
-
-  `w` holds this shard's `local` experts, global ids `index * local` on.
-  The all-to-all buffers are fixed-size: each shard may receive up to Y
-  rows (all of a sender's assignments) from each of the `shards` senders,
-  so nothing is dropped (XLA:CPU has no ragged-all-to-all).
-  """
+def routed_experts(x_TD, routing: Routing, w: ExpertWeights,
+                   first_expert=0) -> jax.Array:
+  """`dense_experts`' result from only the assignments to `w`'s experts
+  (numbered `first_expert` on), sorted by expert into T * min(k, local)
+  rows (a token takes an expert once; the other assignments after them)
+  and run through grouped matmuls, which skip the rows past the groups
+  where `gmm.skips_unused_rows`."""
   tokens, k = routing.experts_TA.shape
-  rows, local = tokens * k, w.gate_EDF.shape[0]
-  order, expert_Y, sizes_E = _sort_by_expert(routing, local * shards)
-  # Send: shard p's rows (of its experts) go to buffer row p, from slot 0.
-  dest_Y = expert_Y // local
-  send_W = sizes_E.reshape(shards, local).sum(1)
-  slot_Y = jnp.arange(rows) - (jnp.cumsum(send_W) - send_W)[dest_Y]
-  send_WYD = jnp.zeros((shards, rows, x_TD.shape[-1]), x_TD.dtype).at[
-      dest_Y, slot_Y].set(_inputs(x_TD, routing, order))
-  recv_WYD = jax.lax.all_to_all(send_WYD, EXPERT_AXIS, 0, 0)
-  # Sender p's rows for this shard, sorted by (local) expert; then padding.
-  all_sizes_WE = jax.lax.all_gather(sizes_E, EXPERT_AXIS)
-  recv_sizes_WX = jax.lax.dynamic_slice_in_dim(
-      all_sizes_WE, jax.lax.axis_index(EXPERT_AXIS) * local, local, axis=1)
-  ends_WX = jnp.cumsum(recv_sizes_WX, axis=1)
-  # Local expert of each received row; `local` marks padding.
-  expert_J = jnp.sum(jnp.arange(rows)[None, :, None] >= ends_WX[:, None, :],
-                     axis=-1).reshape(-1)
-  recv_order = jnp.argsort(expert_J, stable=True)
-  # Padding rows (zeros, results unused) read the last expert's biases.
-  y_JD = grouped_experts(
-      recv_WYD.reshape(shards * rows, -1)[recv_order],
-      jnp.minimum(expert_J[recv_order], local - 1), recv_sizes_WX.sum(0), w)
-  y_WYD = jnp.zeros_like(y_JD).at[recv_order].set(y_JD).reshape(
-      shards, rows, -1)
-  back_WYD = jax.lax.all_to_all(y_WYD, EXPERT_AXIS, 0, 0)
-  return _combine(back_WYD[dest_Y, slot_Y], routing, order, tokens)
+  local = w.gate_EDF.shape[0]
+  local_TA = routing.experts_TA - first_expert
+  # Assignments to other experts sort last, as expert `local`.
+  key_Y = jnp.where((local_TA >= 0) & (local_TA < local), local_TA,
+                    local).reshape(-1)
+  order = jnp.argsort(key_Y, stable=True)[:tokens * min(k, local)]
+  sizes_E = expert_counts(key_Y, local + 1)[:local]
+  y_YD = grouped_experts(assignment_inputs(x_TD, routing, order),
+                         jnp.minimum(key_Y[order], local - 1), sizes_E, w)
+  mine_Y1 = (key_Y[order] < local)[:, None]
+  return combine_outputs(jnp.where(mine_Y1, y_YD, 0), routing, order, tokens)
 
 
 def capacity_experts(x_TD, routing: Routing, w: ExpertWeights,
@@ -416,8 +224,8 @@ def capacity_experts(x_TD, routing: Routing, w: ExpertWeights,
   assignments = jnp.arange(tokens * k)
   token_of = assignments // k
   x_ECD = jnp.zeros((num_experts, slots, x_TD.shape[-1]), x_TD.dtype).at[
-      flat_experts, slot_Y].set(_inputs(x_TD, routing, assignments),
-                                mode="drop")
+      flat_experts, slot_Y].set(
+          assignment_inputs(x_TD, routing, assignments), mode="drop")
   x_ECD = axes.constrain(x_ECD, _DISPATCHED)
   per_expert = (slice(None), None)  # Biases [E, 1, F or D].
   h_ECF = w.hidden(jnp.einsum("ecd,edf->ecf", x_ECD, w.gate_EDF),
@@ -427,7 +235,7 @@ def capacity_experts(x_TD, routing: Routing, w: ExpertWeights,
       _DISPATCHED)
   y_YD = y_ECD.at[flat_experts, slot_Y].get(mode="fill", fill_value=0)
   y_TD = jnp.zeros_like(x_TD, dtype=y_YD.dtype).at[token_of].add(
-      _weighted(y_YD, routing, assignments))
+      weighted_outputs(y_YD, routing, assignments))
   return y_TD, jnp.sum(~kept_Y)
 
 

@@ -1,6 +1,7 @@
 """Tests of the mixture-of-experts layer against numpy and each other."""
 
 import dataclasses
+import functools
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -9,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext.layers import mlp
 from maxtext.layers import moe
 from maxtext.layers import moe_experts
 
@@ -312,6 +314,55 @@ class MoETest(parameterized.TestCase):
     self.assertAlmostEqual(
         float(aux["loss"]), 0.1 * float(aux["load_balance_loss"])
         + 0.01 * float(aux["router_z_loss"]), places=6)
+
+
+class RoutedExpertsTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      # One expert of six (an expert-parallel shard of Mixtral's kind),
+      # experts 2-4 with biases, and weights on the inputs (Llama 4).
+      ("one_of_six", 5, 1, False, False),
+      ("three_of_six_biased", 2, 3, False, True),
+      ("two_of_six_on_input", 0, 2, True, False),
+  )
+  def test_equals_dense_experts_with_gradients(self, first, local, on_input,
+                                               biases):
+    """`routed_experts` (only the assignments to `w`'s experts, through
+    the grouped matmul) equals `dense_experts` (every token through every
+    one of them), forward and gradients; tokens that chose none of them
+    get zeros."""
+    rng = np.random.RandomState(0)
+    tokens, k, dim, hidden = 37, 2, 8, 5
+    experts_TA = np.stack([rng.choice(6, k, replace=False)
+                           for _ in range(tokens)]).astype(np.int32)
+    weights_TA = rng.uniform(0.1, 1, (tokens, k)).astype(np.float32)
+    routing = moe_experts.Routing(jnp.asarray(weights_TA),
+                                  jnp.asarray(experts_TA), None, on_input)
+    x_TD = rng.normal(size=(tokens, dim)).astype(np.float32)
+    arrays = [rng.normal(size=shape).astype(np.float32) for shape in (
+        (local, dim, hidden), (local, dim, hidden), (local, hidden, dim))]
+    if biases:
+      arrays += [rng.normal(size=(local, 2, hidden)).astype(np.float32),
+                 rng.normal(size=(local, dim)).astype(np.float32)]
+
+    def loss(fn, x_TD, arrays):
+      w = moe_experts.ExpertWeights(*arrays[:3], mlp.GATED_UNITS["silu"],
+                                    *arrays[3:])
+      y_TD = fn(x_TD, routing, w, first)
+      return jnp.sum(jnp.sin(y_TD)), y_TD
+
+    grads = {fn: jax.jit(jax.grad(functools.partial(loss, fn),
+                                  argnums=(0, 1), has_aux=True))(
+                                      x_TD, arrays)
+             for fn in (moe_experts.routed_experts,
+                        moe_experts.dense_experts)}
+    (got_grads, got), (want_grads, want) = grads.values()
+    mine_T = np.any((experts_TA >= first) & (experts_TA < first + local), 1)
+    self.assertTrue(mine_T.any() and not mine_T.all())
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(got)[~mine_T], 0)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(
+        a, b, rtol=1e-4, atol=1e-5), got_grads, want_grads)
 
 
 class MoEConfigTest(absltest.TestCase):

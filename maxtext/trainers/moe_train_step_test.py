@@ -59,7 +59,7 @@ from configs import common
 from configs import mixtral
 from maxtext.common import axes
 from maxtext.layers import moe
-from maxtext.layers import moe_experts
+from maxtext.layers import moe_parallel
 from maxtext.layers import remat
 from maxtext.models import decoder
 from maxtext.models import execution
@@ -418,7 +418,7 @@ class ExpertParallelismTest(parameterized.TestCase):
 
     def objective(params, x, rules):
       with axes.activation_sharding(rules):
-        self.assertEqual(moe_experts.expert_parallel_rules(8, 32), rules)
+        self.assertEqual(moe_parallel.expert_parallel_rules(8, 32), rules)
         y, _ = nnx.merge(graphdef, params)(x)
       return jnp.sum(jnp.sin(y))
 
