@@ -19,6 +19,7 @@ from maxtext.common.model_config import ModelConfig
 from maxtext.layers import remat
 from maxtext.models import execution
 from maxtext.models import registry
+from testing import trees
 
 
 # Keeps one activation, offloads two, recomputes the rest.
@@ -63,8 +64,7 @@ def _assert_close(got, want):
   """Within 1e-5 relative, or 1e-5 of the leaf's largest magnitude: the two
   programs round apart (2.2e-7 on a leaf of 0.43 seen); a wrong saved or
   recomputed value is off by the leaf's scale."""
-  np.testing.assert_allclose(got, want, rtol=1e-5,
-                             atol=1e-5 * float(np.abs(want).max()))
+  trees.assert_trees_close(got, want, rtol=1e-5, scaled_atol=1e-5)
 
 
 class RematTest(parameterized.TestCase):
@@ -75,14 +75,14 @@ class RematTest(parameterized.TestCase):
     want_loss, want_grads = _loss_and_grads("none", scan_layers)
     loss, grads = _loss_and_grads(policy, scan_layers)
     np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
-    jax.tree.map(_assert_close, grads, want_grads)
+    _assert_close(grads, want_grads)
 
   @parameterized.parameters(True, False)
   def test_custom_keep_and_offload_match_no_remat(self, scan_layers):
     want_loss, want_grads = _loss_and_grads("none", scan_layers)
     loss, grads = _loss_and_grads("custom", scan_layers, _CUSTOM)
     np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
-    jax.tree.map(_assert_close, grads, want_grads)
+    _assert_close(grads, want_grads)
 
   def test_custom_config_is_normalised_and_checked(self):
     _, remat_config = _config("custom", True, {"out_proj": "offload",

@@ -72,6 +72,7 @@ from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
 from testing import devices
 from testing import tiny_configs
+from testing import trees
 
 _RTOL = 1e-4
 _ATOL = 1e-5
@@ -118,10 +119,7 @@ def _loss_grads_and_params(state, batch):
 
 
 def _assert_trees_close(got, want, rtol=_RTOL, atol=_ATOL):
-  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got),
-                          jax.tree.leaves(want), strict=True):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol,
-                               atol=atol, err_msg=jax.tree_util.keystr(path))
+  trees.assert_trees_close(got, want, rtol=rtol, atol=atol)
 
 
 class AuxLossTest(absltest.TestCase):
