@@ -11,8 +11,8 @@ destination shard (a sender's every assignment may go to one shard):
 nothing is dropped, at the price of moving `expert` times more rows than a
 ragged exchange would. When a shard holds at most k experts, gathering the
 tokens moves and multiplies less: each shard runs its experts on the tokens
-of its `expert` group that chose them and reduce-scatters the weighted sums
-back (`MoeConfig.expert_exchange`).
+of its `expert` group (on CPU, only on the assignments to them) and
+reduce-scatters the weighted sums back (`MoeConfig.expert_exchange`).
 
 Without expert parallelism, XLA's own partitioning of the dropless path
 gathers every token of the batch on every device (the sort by expert spans
