@@ -53,9 +53,9 @@ def _megablox(lhs_TD, rhs_EDF, group_sizes_E, tiling, interpret):
 
 
 def _zeros(shape, dtype, *like):
-  """Zeros that vary over every mesh axis any of `like` varies over: inside
-  `jax.shard_map`, a loop's carry must vary as its body's result does
-  (`zeros_like` keeps its argument's varying axes, and sums join them)."""
+  """Zeros that vary over every mesh axis any of `like` varies over inside
+  `jax.shard_map` (`zeros_like` keeps its argument's varying axes, and sums
+  join them)."""
   return sum(jnp.zeros_like(a, dtype, shape=shape) for a in like)
 
 
@@ -74,14 +74,15 @@ def _live_tiles_matmul(x_PSD, rhs_EDF, group_P, live):
 
 @jax.custom_vjp
 def _live_tiles(x_PSD, rhs_EDF, group_P, live):
-  """`_live_tiles_matmul` of inputs that vary alike."""
+  """`_live_tiles_matmul` of inputs that vary alike: `x_PSD` varies as
+  every input, output and cotangent does, so zeros like it suit every
+  carry."""
   def body(p, out_PSF):
     tile_SF = jnp.dot(x_PSD[p], rhs_EDF[group_P[p]],
                       preferred_element_type=x_PSD.dtype)
     return jax.lax.dynamic_update_index_in_dim(out_PSF, tile_SF, p, 0)
 
-  out = _zeros(x_PSD.shape[:2] + rhs_EDF.shape[2:], x_PSD.dtype, x_PSD,
-               rhs_EDF, group_P, live)
+  out = jnp.zeros_like(x_PSD, shape=x_PSD.shape[:2] + rhs_EDF.shape[2:])
   return jax.lax.fori_loop(0, live, body, out)
 
 
@@ -104,10 +105,9 @@ def _live_tiles_bwd(res, d_PSF):
     return (jax.lax.dynamic_update_index_in_dim(dx_PSD, dx_SD, p, 0),
             drhs_EDF.at[g].add(drhs_DF))
 
-  like = (x_PSD, rhs_EDF, group_P, live, d_PSF)
   dx_PSD, drhs_EDF = jax.lax.fori_loop(0, live, body, (
-      _zeros(x_PSD.shape, x_PSD.dtype, *like),
-      _zeros(rhs_EDF.shape, jnp.float32, *like)))
+      jnp.zeros_like(x_PSD),
+      jnp.zeros_like(x_PSD, jnp.float32, shape=rhs_EDF.shape)))
   return dx_PSD, drhs_EDF.astype(rhs_EDF.dtype), None, None
 
 

@@ -196,13 +196,15 @@ def routed_experts(x_TD, routing: Routing, w: ExpertWeights,
   local = w.gate_EDF.shape[0]
   local_TA = routing.experts_TA - first_expert
   # Assignments to other experts sort last, as expert `local`.
-  key_Y = jnp.where((local_TA >= 0) & (local_TA < local), local_TA,
-                    local).reshape(-1)
-  order = jnp.argsort(key_Y, stable=True)[:tokens * min(k, local)]
-  sizes_E = expert_counts(key_Y, local + 1)[:local]
+  order, expert_Y, sizes_E = sort_by_expert(dataclasses.replace(
+      routing, experts_TA=jnp.where((local_TA >= 0) & (local_TA < local),
+                                    local_TA, local)), local + 1)
+  rows = tokens * min(k, local)
+  order, expert_Y = order[:rows], expert_Y[:rows]
   y_YD = grouped_experts(assignment_inputs(x_TD, routing, order),
-                         jnp.minimum(key_Y[order], local - 1), sizes_E, w)
-  mine_Y1 = (key_Y[order] < local)[:, None]
+                         jnp.minimum(expert_Y, local - 1), sizes_E[:local],
+                         w)
+  mine_Y1 = (expert_Y < local)[:, None]
   return combine_outputs(jnp.where(mine_Y1, y_YD, 0), routing, order, tokens)
 
 
