@@ -21,7 +21,8 @@ from testing import train_process
 
 _STEPS = 4
 _STOP = 2
-_RTOL = 1e-5
+# Losses after updates whose gradients were summed in another order.
+_RTOL = 1e-4
 _TIMEOUT_S = 180
 # The schedule must not depend on train.steps, which the first run lowers.
 _OVERRIDES = {"optimizer.decay_steps": _STEPS, "checkpoint.every_steps": 0}

@@ -25,8 +25,9 @@ from absl.testing import absltest
 from testing import train_process
 
 # fp32 throughout; the cross-process all-reduce (gloo) may sum the gradient
-# shards in another order than the in-process one.
-_RTOL = 1e-5
+# shards in another order than the in-process one, and the losses follow
+# updates from those gradients.
+_RTOL = 1e-4
 _TIMEOUT_S = 90
 _STEPS = 4
 _OVERRIDES = {"train.steps": _STEPS, "checkpoint.every_steps": 2}

@@ -13,6 +13,7 @@ import numpy as np
 from maxtext.data import packing
 from maxtext.models import registry
 from testing import tiny_configs
+from testing import trees
 
 _SEQ_LEN = 16
 # Token ids are unique over all documents, so each names its place.
@@ -79,8 +80,8 @@ class PackingTest(parameterized.TestCase):
         doc = documents[rid]["tokens"].tolist()
         offset = doc.index(tokens[0])
         self.assertEqual(doc[offset:offset + len(tokens)], tokens.tolist())
-        np.testing.assert_allclose(logits[where], self._alone(tokens),
-                                   rtol=1e-5, atol=1e-5)
+        trees.assert_close(logits[where], self._alone(tokens), rtol=1e-5,
+                           atol=1e-5, scaled_atol=1e-5)
         segments_seen += 1
     self.assertGreater(segments_seen, len(_LENGTHS) - 1)
 

@@ -10,6 +10,7 @@ import numpy as np
 from maxtext.kernels import attention
 from maxtext.kernels import blockwise
 from maxtext.kernels import kernel_testing
+from testing import trees
 
 _B, _L, _K = 2, 37, 8  # L is not a multiple of the blocks below.
 _BLOCKS = dict(block_q=8, block_kv=16)
@@ -47,10 +48,13 @@ class BlockwiseTest(parameterized.TestCase):
     got, got_grads = kernel_testing.value_and_grads(
         blockwise.blockwise_attention, q, k, v, sinks_H, **kwargs,
         **_BLOCKS)
-    np.testing.assert_allclose(got, want, atol=1e-5)
+    # Outputs within 1e-5 of their largest magnitude; gradients (sums over
+    # the queries, the keys, or all of them for the sinks) within 1e-4.
+    trees.assert_close(got, want, rtol=1e-5, scaled_atol=1e-5)
     self.assertLen(got_grads, len(want_grads))
     for name, g, w in zip("qkvs", got_grads, want_grads):
-      np.testing.assert_allclose(g, w, atol=5e-5, err_msg=f"d{name}")
+      trees.assert_close(g, w, rtol=1e-4, scaled_atol=1e-4,
+                         err_msg=f"d{name}")
 
   def test_matches_reference_bf16(self):
     q, k, v = kernel_testing.inputs(_B, _L, 4, 2, _K, dtype=jnp.bfloat16)
@@ -61,8 +65,10 @@ class BlockwiseTest(parameterized.TestCase):
     got, got_grads = kernel_testing.value_and_grads(
         blockwise.blockwise_attention, q, k, v, None, **kwargs, **_BLOCKS)
     self.assertEqual(got.dtype, jnp.bfloat16)
-    # bf16 rounds at 2**-8 relative; outputs and grads are O(1).
-    np.testing.assert_allclose(np.float32(got), np.float32(want), atol=2e-2)
+    # bf16 rounds at 2**-8 relative; outputs and grads are O(1), outputs up
+    # to ~3 (where a unit in the last place is 1.6e-2).
+    np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=1e-2,
+                               atol=2e-2)
     for name, g, w in zip("qkv", got_grads, want_grads):
       np.testing.assert_allclose(np.float32(g), np.float32(w), atol=5e-2,
                                  err_msg=f"d{name}")
@@ -73,9 +79,9 @@ class BlockwiseTest(parameterized.TestCase):
         attention.reference_attention, q, k, v, None, scale=0.3)
     got, got_grads = kernel_testing.value_and_grads(
         blockwise.blockwise_attention, q, k, v, None, scale=0.3, **_BLOCKS)
-    np.testing.assert_allclose(got, want, atol=1e-5)
+    trees.assert_close(got, want, rtol=1e-5, scaled_atol=1e-5)
     for g, w in zip(got_grads, want_grads):
-      np.testing.assert_allclose(g, w, atol=5e-5)
+      trees.assert_close(g, w, rtol=1e-4, scaled_atol=1e-4)
 
   def test_explicit_mask_over_kv_cache(self):
     """Decoding: two queries per row at given positions over a 37-slot
@@ -91,9 +97,9 @@ class BlockwiseTest(parameterized.TestCase):
     got, got_grads = kernel_testing.value_and_grads(
         blockwise.blockwise_attention, q, k, v, sinks_H, scale=0.4,
         mask_BLS=mask_BLS, block_kv=8)
-    np.testing.assert_allclose(got, want, atol=1e-5)
+    trees.assert_close(got, want, rtol=1e-5, scaled_atol=1e-5)
     for g, w in zip(got_grads, want_grads):
-      np.testing.assert_allclose(g, w, atol=5e-5)
+      trees.assert_close(g, w, rtol=1e-4, scaled_atol=1e-4)
 
   def test_bad_block_size(self):
     q, k, v = kernel_testing.inputs(_B, _L, 2, 2, _K)

@@ -6,6 +6,7 @@ from absl.testing import parameterized
 import numpy as np
 
 from maxtext.kernels import gated_delta_rule
+from testing import trees
 
 
 def _inputs(seed, batch=2, length=37, heads=3, key_dim=8, value_dim=6):
@@ -78,8 +79,10 @@ class GatedDeltaRuleTest(parameterized.TestCase):
     a = np.tril(np.random.default_rng(size).normal(
         size=(2, size, size)), -1).astype(np.float32) * 0.5
     want = np.linalg.inv(np.eye(size) + a.astype(np.float64))
-    np.testing.assert_allclose(gated_delta_rule.unit_lower_inverse(a), want,
-                               rtol=1e-4, atol=1e-4)
+    # Entries grow with the size (to ~500 at 64, products along paths of
+    # the triangle) and cancel: within 1e-5 of the largest magnitude.
+    trees.assert_close(gated_delta_rule.unit_lower_inverse(a), want,
+                       rtol=1e-4, atol=1e-4, scaled_atol=1e-5)
 
   def test_packed_documents_equal_separate_rows(self):
     args = _inputs(2, length=40)

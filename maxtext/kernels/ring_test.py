@@ -27,6 +27,7 @@ from maxtext.sharding import rules as rules_lib
 from maxtext.trainers import train_state as train_state_lib
 from maxtext.trainers import train_step as train_step_lib
 from testing import devices
+from testing import trees
 
 _B, _L, _K = 2, 32, 8
 # The compute layout of the default rule tables (configs/common.py) for the
@@ -92,10 +93,13 @@ class RingAttentionTest(parameterized.TestCase):
         attention.reference_attention, q, k, v, sinks_H, **kwargs)
     got, got_grads = _ring_value_and_grads(rules, q, k, v, sinks_H,
                                            **blocks, **kwargs)
-    np.testing.assert_allclose(got, want, atol=1e-5)
+    # Outputs within 1e-5 of their largest magnitude; gradients (sums over
+    # the queries, the keys, or all of them for the sinks) within 1e-4.
+    trees.assert_close(got, want, rtol=1e-5, scaled_atol=1e-5)
     self.assertLen(got_grads, len(want_grads))
     for name, g, w in zip("qkvs", got_grads, want_grads):
-      np.testing.assert_allclose(g, w, atol=5e-5, err_msg=f"d{name}")
+      trees.assert_close(g, w, rtol=1e-4, scaled_atol=1e-4,
+                         err_msg=f"d{name}")
 
   @parameterized.named_parameters(*_CASES)
   def test_sequence4_matches_reference(self, **case):
@@ -125,8 +129,10 @@ class RingAttentionTest(parameterized.TestCase):
     got, got_grads = _ring_value_and_grads(_rules(sequence=4), q, k, v, None,
                                            block_q=3, block_kv=5, **kwargs)
     self.assertEqual(got.dtype, jnp.bfloat16)
-    # bf16 rounds at 2**-8 relative; outputs and grads are O(1).
-    np.testing.assert_allclose(np.float32(got), np.float32(want), atol=2e-2)
+    # bf16 rounds at 2**-8 relative; outputs and grads are O(1), outputs up
+    # to ~3 (where a unit in the last place is 1.6e-2).
+    np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=1e-2,
+                               atol=2e-2)
     for name, g, w in zip("qkv", got_grads, want_grads):
       self.assertEqual(g.dtype, jnp.bfloat16)
       np.testing.assert_allclose(np.float32(g), np.float32(w), atol=5e-2,
@@ -179,7 +185,7 @@ class RingAttentionTest(parameterized.TestCase):
       # A fresh function per sharding context: JAX caches traces by
       # function and arguments, and the trace depends on the context.
       compiled = jax.jit(lambda *a: attend(*a)).lower(*args).compile()
-      np.testing.assert_allclose(compiled(*args), want, atol=1e-5)
+      trees.assert_close(compiled(*args), want, rtol=1e-5, scaled_atol=1e-5)
       return "collective-permute" in compiled.as_text()
 
     self.assertFalse(compile_and_run(q, k, v))
@@ -262,13 +268,9 @@ class RingLlamaTest(absltest.TestCase):
     step = jax.jit(_loss_and_grads).lower(state, batch).compile()
     loss, grads = step(state, batch)
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
-    flat_got = jax.tree_util.tree_leaves_with_path(grads)
-    flat_want = jax.tree.leaves(want_grads)
-    self.assertEqual(len(flat_got), len(flat_want))
-    for (path, got), want in zip(flat_got, flat_want):
-      np.testing.assert_allclose(np.asarray(got), np.asarray(want),
-                                 rtol=1e-4, atol=1e-5,
-                                 err_msg=jax.tree_util.keystr(path))
+    # Gradients summed in another order: within 1e-4 of each leaf's
+    # largest magnitude.
+    trees.assert_trees_close(grads, want_grads, rtol=1e-4, scaled_atol=1e-4)
     # No activation of a data shard (4 rows) is gathered to the full length
     # (16): neither the keys and values [4, 16, 2, 8] nor the inputs of
     # their projections [4, 16, 16]. The all-gather context parallelism

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext.kernels import sparse_attention
+from testing import trees
 
 _H, _O, _K, _Z, _U, _I, _J = 3, 4, 2, 6, 5, 2, 4
 _SCALE, _INDEX_SCALE = 0.3, 0.5
@@ -122,7 +123,7 @@ class SparseAttentionTest(parameterized.TestCase):
     zeros = np.zeros((2, length), np.int32)
     want = _numpy_reference(x, top_k, pos, pos, zeros, zeros)
     got = _ours(x, top_k, pos, pos, block=block)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    trees.assert_close(got, want, rtol=1e-5, scaled_atol=1e-5)
 
   def test_packed_segments_select_within_their_own(self):
     length, top_k = 30, 6
@@ -132,7 +133,7 @@ class SparseAttentionTest(parameterized.TestCase):
     pos = _arange(2, length)
     want = _numpy_reference(x, top_k, pos, pos, segments, segments)
     got = _ours(x, top_k, pos, pos, segments, segments, block=8)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    trees.assert_close(got, want, rtol=1e-5, scaled_atol=1e-5)
 
   def test_decoding_over_a_cache_with_empty_slots(self):
     """Two queries at positions 11, 12 of row 0 and 4, 5 of row 1 over a
@@ -144,7 +145,7 @@ class SparseAttentionTest(parameterized.TestCase):
     zeros_q, zeros_k = (np.zeros((2, n), np.int32) for n in (2, 16))
     want = _numpy_reference(x, 4, q_pos, k_pos, zeros_q, zeros_k)
     got = _ours(x, 4, q_pos, k_pos)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    trees.assert_close(got, want, rtol=1e-5, scaled_atol=1e-5)
 
   def test_gradients_equal_dense_masked_attention(self):
     """Through the selected tokens the gradients are those of expanded
@@ -176,7 +177,7 @@ class SparseAttentionTest(parameterized.TestCase):
     args = (x["q_nope"], x["qr"], x["c"], x["r"])
     for got, want in zip(jax.grad(ours, argnums=(0, 1, 2, 3))(*args),
                          jax.grad(dense, argnums=(0, 1, 2, 3))(*args)):
-      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+      trees.assert_close(got, want, rtol=1e-4, scaled_atol=1e-4)
 
   @parameterized.parameters((False, 37, 5, 8), (True, 37, 5, 8),
                             (False, 9, 64, 4), (True, 20, 3, 64))
@@ -191,12 +192,14 @@ class SparseAttentionTest(parameterized.TestCase):
                          axis=1)[:, :length * 2:2]
     got_out, got_kl = _ours(x, top_k, pos, pos, segments, segments,
                             block=block, dense=dense, index_loss=True)
-    np.testing.assert_allclose(
+    # KL of softmaxes over up to 37 keys, summed over heads: within 1e-4
+    # of the largest.
+    trees.assert_close(
         got_kl, _numpy_kl(x, top_k, pos, pos, segments, segments, dense),
-        rtol=1e-4, atol=1e-6)
+        rtol=1e-4, scaled_atol=1e-4)
     want_out = _numpy_reference(x, length if dense else top_k, pos, pos,
                                 segments, segments)
-    np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-5)
+    trees.assert_close(got_out, want_out, rtol=1e-5, scaled_atol=1e-5)
 
   @parameterized.parameters(False, True)
   def test_indexer_kl_trains_the_indexer_only(self, dense):

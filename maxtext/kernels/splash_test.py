@@ -12,6 +12,7 @@ from maxtext.aot import topology
 from maxtext.kernels import attention
 from maxtext.kernels import kernel_testing
 from maxtext.kernels import splash
+from testing import trees
 
 _B, _L, _K = 1, 200, 128  # L pads to 256: two 128-blocks.
 
@@ -39,10 +40,13 @@ class SplashInterpretTest(parameterized.TestCase):
     got, got_grads = kernel_testing.value_and_grads(
         splash.splash_attention, q, k, v, sinks_H, block_q=128, block_kv=128,
         interpret=True, **kwargs)
-    np.testing.assert_allclose(got, want, atol=1e-5)
+    # Outputs within 1e-5 of their largest magnitude; gradients (sums over
+    # 200 queries or keys, or all of them for the sinks) within 1e-4.
+    trees.assert_close(got, want, rtol=1e-5, scaled_atol=1e-5)
     self.assertLen(got_grads, len(want_grads))
     for name, g, w in zip("qkvs", got_grads, want_grads):
-      np.testing.assert_allclose(g, w, atol=2e-5, err_msg=f"d{name}")
+      trees.assert_close(g, w, rtol=1e-4, scaled_atol=1e-4,
+                         err_msg=f"d{name}")
 
   def test_rejects_explicit_mask(self):
     q, k, v = kernel_testing.inputs(_B, _L, 2, 2, _K)

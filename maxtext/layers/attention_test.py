@@ -14,6 +14,7 @@ from maxtext.layers import attention
 from maxtext.layers import kv_cache as kv_cache_lib
 from maxtext.layers import norm
 from maxtext.layers import rope
+from testing import trees
 
 _L = 12
 _CFG = attention.AttentionConfig(num_heads=4, num_kv_heads=2, head_dim=8,
@@ -79,7 +80,7 @@ class AttentionLayerTest(parameterized.TestCase):
     segment_ids = np.array([[1] * 6 + [2] * 6, [3] * 12])
     want = _run(_layer("reference"), x, window, segment_ids)
     got = _run(_layer("xla"), x, window, segment_ids)
-    np.testing.assert_allclose(got, want, atol=1e-5)
+    trees.assert_close(got, want, rtol=1e-5, scaled_atol=1e-5)
 
   def test_parameter_axis_names(self):
     names = {
@@ -108,8 +109,8 @@ class AttentionLayerTest(parameterized.TestCase):
     without = _run(layer, _x())
     layer.value.bias[...] = np.ones((2, 8), np.float32)
     shift = _run(layer, _x()) - without
-    np.testing.assert_allclose(shift, np.broadcast_to(shift[:1, :1],
-                                                      shift.shape), atol=1e-5)
+    trees.assert_close(shift, np.broadcast_to(shift[:1, :1], shift.shape),
+                       rtol=1e-5, scaled_atol=1e-5)
     self.assertGreater(np.abs(shift).max(), 1e-3)
 
   def test_output_bias_adds_to_every_position(self):
@@ -119,9 +120,9 @@ class AttentionLayerTest(parameterized.TestCase):
     without = _run(layer, _x())
     bias = np.arange(16, dtype=np.float32)
     layer.output.bias[...] = bias
-    np.testing.assert_allclose(_run(layer, _x()) - without,
-                               np.broadcast_to(bias, without.shape),
-                               atol=1e-5)
+    trees.assert_close(_run(layer, _x()) - without,
+                       np.broadcast_to(bias, without.shape), rtol=1e-5,
+                       scaled_atol=1e-5)
 
   def test_sinks_reach_the_kernel(self):
     layer = _layer(sinks=True)
@@ -136,8 +137,8 @@ class AttentionLayerTest(parameterized.TestCase):
     o = attention_kernels.reference_attention(
         rotary.apply(q), rotary.apply(k), layer.value(x), scale=0.5,
         window=5, sinks_H=sinks)
-    np.testing.assert_allclose(_run(layer, x, window=5), layer.output(o),
-                               atol=1e-5)
+    trees.assert_close(_run(layer, x, window=5), layer.output(o),
+                       rtol=1e-5, scaled_atol=1e-5)
     layer.sinks[...] = np.zeros(4, np.float32)
     self.assertGreater(np.abs(_run(layer, x, window=5) - layer.output(o))
                        .max(), 1e-3)
@@ -157,7 +158,8 @@ class AttentionLayerTest(parameterized.TestCase):
                          rope.Rotary.at(positions, inv_freq), window=5,
                          cache=cache, positions_BL=jnp.asarray(positions))
       outputs.append(np.asarray(out))
-    np.testing.assert_allclose(np.concatenate(outputs, 1), want, atol=1e-5)
+    trees.assert_close(np.concatenate(outputs, 1), want, rtol=1e-5,
+                       scaled_atol=1e-5)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import numpy as np
 from maxtext.common.model_config import ModelConfig
 from maxtext.kernels import dispatch
 from maxtext.layers import gated_deltanet
+from testing import trees
 
 _CFG = gated_deltanet.LinearAttentionConfig(
     num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=6,
@@ -56,14 +57,14 @@ class GatedDeltaNetTest(absltest.TestCase):
     valid = jnp.arange(6)[None] < lengths[:, None]
     cache = gated_deltanet.DeltaNetCache.zeros(_CFG, 2, jnp.float32)
     out, cache = layer(prompt, cache=cache, valid_BL=valid)
-    np.testing.assert_allclose(out[0], whole[0, :6], atol=1e-5)
-    np.testing.assert_allclose(out[1, :3], whole[1, :3], atol=1e-5)
+    trees.assert_close(out[0], whole[0, :6], rtol=1e-5, scaled_atol=1e-5)
+    trees.assert_close(out[1, :3], whole[1, :3], rtol=1e-5, scaled_atol=1e-5)
     position = lengths.copy()
     for _ in range(4):
       token = x[np.arange(2), position][:, None]
       out, cache = layer(token, cache=cache)
-      np.testing.assert_allclose(out[:, 0], whole[np.arange(2), position],
-                                 atol=1e-5)
+      trees.assert_close(out[:, 0], whole[np.arange(2), position],
+                         rtol=1e-5, scaled_atol=1e-5)
       position += 1
 
   def test_packed_documents_equal_separate_rows(self):
@@ -71,8 +72,10 @@ class GatedDeltaNetTest(absltest.TestCase):
     x = jax.random.normal(jax.random.key(2), (1, 12, 16))
     segments = jnp.array([[1] * 5 + [2] * 7])
     packed = layer(x, segment_ids_BL=segments)
-    np.testing.assert_allclose(packed[:, :5], layer(x[:, :5]), atol=1e-5)
-    np.testing.assert_allclose(packed[:, 5:], layer(x[:, 5:]), atol=1e-5)
+    trees.assert_close(packed[:, :5], layer(x[:, :5]), rtol=1e-5,
+                       scaled_atol=1e-5)
+    trees.assert_close(packed[:, 5:], layer(x[:, 5:]), rtol=1e-5,
+                       scaled_atol=1e-5)
 
   def test_config_errors_name_the_key(self):
     with self.assertRaisesRegex(ValueError, "linear_num_value_heads=6"):

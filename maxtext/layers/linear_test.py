@@ -8,6 +8,7 @@ import jax
 import numpy as np
 
 from maxtext.layers import linear
+from testing import trees
 
 
 class LinearTest(absltest.TestCase):
@@ -19,7 +20,7 @@ class LinearTest(absltest.TestCase):
     x = np.random.RandomState(0).normal(size=(2, 7, 3, 4)).astype(np.float32)
     kernel = np.asarray(layer.kernel[...])
     want = x.reshape(2, 7, 12) @ kernel.reshape(12, 5)
-    np.testing.assert_allclose(layer(x), want, rtol=1e-5, atol=1e-6)
+    trees.assert_close(layer(x), want, rtol=1e-5, scaled_atol=1e-5)
     self.assertEqual(layer.kernel.get_metadata()["out_sharding"],
                      ("heads", "head_dim", "embed"))
 
@@ -44,10 +45,10 @@ class LinearTest(absltest.TestCase):
     self.assertEmpty(re.findall(r"= f32\[96,32\]", hlo))
     dparams, dx = grad_fn(params, x)
     kernel = np.asarray(layer.kernel[...])
-    np.testing.assert_allclose(dparams["kernel"][...],
-                               np.einsum("bld,blv->dv", x, g), rtol=1e-5,
-                               atol=1e-5)
-    np.testing.assert_allclose(dx, g @ kernel.T, rtol=1e-5, atol=1e-5)
+    trees.assert_close(dparams["kernel"][...],
+                       np.einsum("bld,blv->dv", x, g), rtol=1e-5,
+                       scaled_atol=1e-5)
+    trees.assert_close(dx, g @ kernel.T, rtol=1e-5, scaled_atol=1e-5)
 
   def test_init_scale_follows_fan_in(self):
     layer = linear.Linear((256,), (8, 64), in_axes=("embed",),
@@ -66,7 +67,7 @@ class LinearTest(absltest.TestCase):
     x = np.random.RandomState(0).normal(size=(2, 4)).astype(np.float32)
     kernel = np.asarray(layer.kernel[...])
     want = np.einsum("bd,dhk->bhk", x, kernel) + layer.bias[...]
-    np.testing.assert_allclose(layer(x), want, rtol=1e-5, atol=1e-6)
+    trees.assert_close(layer(x), want, rtol=1e-5, scaled_atol=1e-5)
     self.assertEqual(layer.bias.get_metadata()["out_sharding"],
                      ("heads", "head_dim"))
 

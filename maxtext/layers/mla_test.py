@@ -15,6 +15,7 @@ from maxtext.kernels import dispatch
 from maxtext.layers import attention
 from maxtext.layers import mla
 from maxtext.layers import rope
+from testing import trees
 
 _ATTENTION = attention.AttentionConfig(type="mla", num_heads=4,
                                        num_kv_heads=4, head_dim=8)
@@ -67,8 +68,8 @@ class MlaTest(parameterized.TestCase):
       out, cache = layer(x_BLD[:, i:i + 1], _rotary(positions),
                          cache=cache, positions_BL=positions)
       steps.append(out)
-    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), want,
-                               atol=1e-5)
+    trees.assert_close(jnp.concatenate(steps, axis=1), want, rtol=1e-5,
+                       scaled_atol=1e-5)
 
   def test_interleaved_rotary_is_a_permutation_of_the_rotary_columns(self):
     # Rotating pairs (0, 1), (2, 3), ... equals the half-split rotation of
@@ -87,7 +88,7 @@ class MlaTest(parameterized.TestCase):
     x_BLD = _inputs()
     want = interleaved(x_BLD, _rotary(_positions()))
     got = split(x_BLD, _rotary(_positions()))
-    np.testing.assert_allclose(got, want, atol=1e-5)
+    trees.assert_close(got, want, rtol=1e-5, scaled_atol=1e-5)
     unpermuted = _mla(split_cfg)(
         x_BLD, _rotary(_positions()))
     self.assertGreater(np.abs(unpermuted - want).max(), 1e-3)
@@ -111,7 +112,7 @@ class MlaTest(parameterized.TestCase):
     probs /= probs.sum(-1, keepdims=True)
     want = np.einsum("bhls,bshk->blhk", probs, v)
     self.assertEqual(got.shape, (2, 5, 4, 10))
-    np.testing.assert_allclose(got, want, atol=1e-5)
+    trees.assert_close(got, want, rtol=1e-5, scaled_atol=1e-5)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from maxtext.layers import rope
 from maxtext.metrics import flops
 from maxtext.models import hf_weights
 from maxtext.models import registry
+from testing import trees
 
 _L = 16  # Longer than the window (3).
 
@@ -109,7 +110,7 @@ class LayerKindsTest(absltest.TestCase):
         j))
     for model in (self.unscanned, self.scanned):
       logits, loss, loads = _captured(model, tokens)
-      np.testing.assert_allclose(logits, want_logits, rtol=0, atol=2e-5)
+      trees.assert_close(logits, want_logits, rtol=1e-5, scaled_atol=1e-5)
       np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
       np.testing.assert_array_equal(
           loads, np.stack([want_loads[j] for j in by_kind]))
@@ -131,7 +132,7 @@ class LayerKindsTest(absltest.TestCase):
     want_logits, want_loss, want_loads = _by_hand(unscanned, tokens)
     for model in (unscanned, scanned):
       logits, loss, loads = _captured(model, tokens)
-      np.testing.assert_allclose(logits, want_logits, rtol=0, atol=2e-5)
+      trees.assert_close(logits, want_logits, rtol=1e-5, scaled_atol=1e-5)
       np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
       np.testing.assert_array_equal(loads, np.stack(want_loads))
 
@@ -168,8 +169,8 @@ class LayerKindsTest(absltest.TestCase):
       logits, cache = step(model, tokens[:, i:i + 1], positions[:, i:i + 1],
                            cache)
       got.append(logits)
-    np.testing.assert_allclose(np.concatenate(got, axis=1),
-                               _logits(model, tokens), rtol=0, atol=1e-4)
+    trees.assert_close(np.concatenate(got, axis=1), _logits(model, tokens),
+                       rtol=1e-5, atol=1e-4, scaled_atol=1e-5)
 
   def test_flops_count_every_kind_at_its_sizes(self):
     cfg = _cfg()

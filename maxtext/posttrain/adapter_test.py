@@ -11,6 +11,7 @@ from tunix.sft import utils as tunix_utils
 from maxtext.models import registry
 from maxtext.posttrain import adapter
 from testing import tiny_configs
+from testing import trees
 
 
 def _mask_of_segments(segment_ids: np.ndarray) -> np.ndarray:
@@ -61,7 +62,8 @@ class TunixModelTest(parameterized.TestCase):
         None, tunix_utils.make_causal_attn_mask(input_mask))
     self.assertIsNone(cache)
     want = model(jnp.asarray(tokens))
-    np.testing.assert_allclose(logits[:, pad:], want, atol=1e-5, rtol=1e-5)
+    trees.assert_close(logits[:, pad:], want, rtol=1e-5, atol=1e-5,
+                       scaled_atol=1e-5)
 
   def test_segment_ids_equal_the_decoders(self):
     cfg = tiny_configs.tiny_model_config("llama3", window=4)

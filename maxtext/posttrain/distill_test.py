@@ -28,6 +28,7 @@ from maxtext.posttrain import sft
 from maxtext.posttrain.config import DistillConfig
 from maxtext.posttrain.config import PosttrainConfig
 from testing import tiny_configs
+from testing import trees
 
 
 def _log_softmax(x):
@@ -114,9 +115,10 @@ class FeatureCaptureTest(absltest.TestCase):
       warnings.filterwarnings("error", message=".*sow.*",
                               category=DeprecationWarning)
       output = distill._forward_fn([0, 2])(model, tokens, positions)
-    np.testing.assert_allclose(output["logits"], want_logits, atol=1e-5)
-    np.testing.assert_allclose(output["features"],
-                               np.stack([want[0], want[2]]), atol=1e-5)
+    trees.assert_close(output["logits"], want_logits, rtol=1e-5, atol=1e-5,
+                       scaled_atol=1e-5)
+    trees.assert_close(output["features"], np.stack([want[0], want[2]]),
+                       rtol=1e-5, atol=1e-5, scaled_atol=1e-5)
 
 
 class DistillRunTest(absltest.TestCase):

@@ -152,12 +152,14 @@ class ModelLossTest(absltest.TestCase):
     ratio = (mean_w - np.log1p(-np.exp(mean_w))) - (
         mean_l - np.log1p(-np.exp(mean_l)))
     want = (-mean_w + 0.5 * -_log_sigmoid(ratio)).mean()
-    np.testing.assert_allclose(float(got), want, rtol=1e-5)
+    # The losses take differences of sums of log-probabilities (~20) over
+    # the vocabulary's log-sum-exps: within 1e-4 relative.
+    np.testing.assert_allclose(float(got), want, rtol=1e-4)
     np.testing.assert_allclose(aux["log_probs/chosen"], sums[:pairs].mean(),
                                rtol=1e-5)
     got, _ = preference_loss.loss(model, example, algorithm="dpo", beta=0.3)
     want = -_log_sigmoid(0.3 * (sums[:pairs] - sums[pairs:])).mean()
-    np.testing.assert_allclose(float(got), want, rtol=1e-5)
+    np.testing.assert_allclose(float(got), want, rtol=1e-4)
 
 
 class ReferenceOnceTest(absltest.TestCase):

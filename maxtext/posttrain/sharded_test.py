@@ -8,12 +8,12 @@ import os
 
 from absl.testing import absltest
 import jax
-import numpy as np
 
 from maxtext.checkpoint import params_checkpoint
 from maxtext.posttrain import posttrain_testing as pt
 from maxtext.posttrain import sft
 from testing import devices
+from testing import trees
 
 
 def _axes(array: jax.Array) -> tuple:
@@ -48,8 +48,11 @@ class ShardedTest(absltest.TestCase):
         self.assertEqual(_axes(query.kernel_lora_b[...]), (None, "tensor"))
       exported.append(params_checkpoint.load_params(
           result.exported["export"])[1])
-    for a, b in zip(*map(jax.tree.leaves, exported)):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    # Three steps with the gradients summed in another order: within 1e-5,
+    # or 1e-4 of each leaf's largest magnitude; a wrong split is off by the
+    # learning rate (3e-2).
+    trees.assert_trees_close(exported[0], exported[1], rtol=1e-4, atol=1e-5,
+                             scaled_atol=1e-4)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from maxtext.rl import policy
 from maxtext.rl import toy_task
 from testing import devices
 from testing import tiny_configs
+from testing import trees
 
 _PROMPTS = ["1 + 2 =", "3 + 4 = #### 7 </s> 5 + 1 =", "0 + 0 ="]
 
@@ -86,8 +87,8 @@ class JaxRolloutTest(absltest.TestCase):
     scored_BT = np.asarray(rollout.get_per_token_logps(
         out.left_padded_prompt_tokens, completions_BT))
     for row, logprobs in enumerate(out.logprobs):
-      np.testing.assert_allclose(scored_BT[row, :len(logprobs)], logprobs,
-                                 atol=1e-5)
+      trees.assert_close(scored_BT[row, :len(logprobs)], logprobs,
+                         rtol=1e-5, atol=1e-5, scaled_atol=1e-5)
 
   def test_new_weights_reach_the_rollout_without_a_copy(self):
     model, other = _policy(0), _policy(1)

@@ -38,6 +38,12 @@ from testing import trees
 
 _RTOL = 1e-4
 _ATOL = 1e-5
+# Updated parameters: Adam's first step moves each weight by about the
+# learning rate whatever its gradient's size, so rounding of a gradient near
+# zero shows in the updated weight (8.4e-6 on a leaf of 0.58 seen here, up
+# to 1.2e-4 on OLMo 3's below): within 1e-3 of each leaf's largest
+# magnitude.
+_PARAMS_ATOL_SCALE = 1e-3
 
 
 def _model_config(**overrides) -> ModelConfig:
@@ -116,9 +122,10 @@ def _sharded_axes(params) -> list[str]:
           for axis in ((dim,) if isinstance(dim, str) else dim)]
 
 
-def _assert_trees_close(got, want, *, scaled_atol: float = 0.0):
+def _assert_trees_close(got, want, *, scaled_atol: float = 1e-4):
   """Leaf by leaf within `_RTOL` and `_ATOL`, or `scaled_atol` times the
-  leaf's largest magnitude if larger."""
+  leaf's largest magnitude if larger (gradients summed in another order
+  differ with the magnitudes summed, not with the element)."""
   trees.assert_trees_close(got, want, rtol=_RTOL, atol=_ATOL,
                            scaled_atol=scaled_atol)
 
@@ -153,7 +160,8 @@ class ParallelismTest(parameterized.TestCase):
     np.testing.assert_allclose(float(loss), float(self.single_loss),
                                rtol=_RTOL)
     _assert_trees_close(grads, self.single_grads)
-    _assert_trees_close(new_params, self.single_params)
+    _assert_trees_close(new_params, self.single_params,
+                        scaled_atol=_PARAMS_ATOL_SCALE)
     # The update keeps the layout: parameters stay sharded as created.
     jax.tree.map(lambda a, b: self.assertTrue(
         a.sharding.is_equivalent_to(b.sharding, a.ndim),
@@ -178,7 +186,8 @@ class ParallelismTest(parameterized.TestCase):
     loss, grads, new_params = _loss_grads_and_update(state, _batch(state))
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=_RTOL)
     _assert_trees_close(grads, want_grads)
-    _assert_trees_close(new_params, want_params)
+    _assert_trees_close(new_params, want_params,
+                        scaled_atol=_PARAMS_ATOL_SCALE)
     jax.tree.map(lambda a, b: self.assertTrue(
         a.sharding.is_equivalent_to(b.sharding, a.ndim),
         f"{a.sharding} != {b.sharding}"), new_params, state.params)
@@ -199,7 +208,8 @@ class ParallelismTest(parameterized.TestCase):
       np.testing.assert_allclose(float(loss), float(self.single_loss),
                                  rtol=_RTOL)
       _assert_trees_close(grads, self.single_grads)
-      _assert_trees_close(new_params, self.single_params)
+      _assert_trees_close(new_params, self.single_params,
+                          scaled_atol=_PARAMS_ATOL_SCALE)
 
   def test_optimizer_state_is_sharded_like_the_params(self):
     state = _state({"data": 1, "fsdp": 8}, jax.devices())
@@ -242,7 +252,8 @@ class ParallelismTest(parameterized.TestCase):
     np.testing.assert_allclose(float(loss), float(self.single_loss),
                                rtol=_RTOL)
     _assert_trees_close(grads, self.single_grads)
-    _assert_trees_close(new_state.params, self.single_params)
+    _assert_trees_close(new_state.params, self.single_params,
+                        scaled_atol=_PARAMS_ATOL_SCALE)
     # Same devices, spec and memory kind, before and after the step.
     want = jax.sharding.NamedSharding(state.rules.mesh, moment_spec,
                                       memory_kind=memory_kind)

@@ -23,6 +23,7 @@ from maxtext.trainers import loop
 from maxtext.trainers import pretrain
 from maxtext.trainers import step_setup
 from maxtext.trainers import train_state as train_state_lib
+from testing import trees
 
 _TEXT = """\
 Now is the winter of our discontent
@@ -126,12 +127,15 @@ class PretrainTest(absltest.TestCase):
     self.assertEqual([metrics[step].get("train/skipped_steps")
                       for step in range(1, steps + 1)],
                      [None, None, 0, 0, 0, None])
-    # The guard's arithmetic changes XLA's fusions: rounding differs (1e-8),
-    # a skipped or doubled update would differ by the learning rate.
-    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
-                                                    atol=1e-7)
-    jax.tree.map(close, resumed.state.params, straight.state.params)
-    jax.tree.map(close, resumed.state.opt_state, straight.state.opt_state)
+    # The guard's arithmetic changes XLA's fusions: rounding differs (1e-8
+    # here, more where other kernels sum in another order), so within 1e-4
+    # of each leaf's largest magnitude; a skipped or doubled update would
+    # differ by the learning rate (1e-2).
+    trees.assert_trees_close(resumed.state.params, straight.state.params,
+                             rtol=1e-4, scaled_atol=1e-4)
+    trees.assert_trees_close(resumed.state.opt_state,
+                             straight.state.opt_state, rtol=1e-4,
+                             scaled_atol=1e-4)
 
   def test_corrupt_latest_checkpoint_is_named(self):
     workdir = os.path.join(self.root, "corrupt")
