@@ -5,9 +5,12 @@ rows multiply `rhs_EDF[0]`, the next `group_sizes_E[1]` rows `rhs_EDF[1]`,
 and so on; rows past the sum of the sizes give zeros. Three implementations,
 one signature:
 
-  ragged_dot  `jax.lax.ragged_dot` (the reference; every platform). Off
-              TPU and GPU, jax lowers it densely: every row times every
-              group's matrix, masked, G times the FLOPs of the rows.
+  ragged_dot  `jax.lax.ragged_dot` (the reference; every platform), its
+              rows past the groups zeroed here (the TPU's computes them
+              wrong) and one group a plain matmul (the TPU's fails to
+              compile one). Off TPU and GPU, jax lowers it densely: every
+              row times every group's matrix, masked, G times the FLOPs of
+              the rows.
   megablox    the TPU Pallas kernel shipped with jax
               (`jax.experimental.pallas.ops.tpu.megablox.gmm`, with its own
               VJP); M is padded to the row tile here.
@@ -37,19 +40,38 @@ from maxtext.kernels import backend
 IMPLS = ("auto", "ragged_dot", "megablox", "tiled")
 
 
+def _zeros_past_groups(matmul, lhs_TD, group_sizes_E):
+  """`matmul(lhs_TD)` with the rows past the groups zero in the output and
+  in the lhs gradient: megablox leaves them unwritten, and the TPU's
+  ragged_dot computes them wrong (tools/tpu's kernel checks on a v5e,
+  libtpu 0.0.42.1). Selects, so garbage never leaks."""
+  in_group_T1 = (jnp.arange(lhs_TD.shape[0])[:, None] <
+                 jnp.sum(group_sizes_E))
+  return jnp.where(in_group_T1, matmul(jnp.where(in_group_T1, lhs_TD, 0)),
+                   0)
+
+
 def _megablox(lhs_TD, rhs_EDF, group_sizes_E, tiling, interpret):
   rows = lhs_TD.shape[0]
   tile_m, tile_k, tile_n = tiling
   lhs_TD = jnp.pad(lhs_TD, ((0, -rows % tile_m), (0, 0)))
   tiling = (tile_m, min(tile_k, lhs_TD.shape[1]),
             min(tile_n, rhs_EDF.shape[2]))
-  # The kernel leaves rows past the groups unwritten, in the output and in
-  # the lhs gradient: select zeros there (selects, so garbage never leaks).
-  in_group_M1 = jnp.arange(lhs_TD.shape[0])[:, None] < group_sizes_E.sum()
-  lhs_TD = jnp.where(in_group_M1, lhs_TD, 0)
-  out_TF = megablox.gmm(lhs_TD, rhs_EDF, group_sizes_E.astype(jnp.int32),
-                        lhs_TD.dtype, tiling, None, None, False, interpret)
-  return jnp.where(in_group_M1, out_TF, 0)[:rows]
+  return _zeros_past_groups(
+      lambda lhs: megablox.gmm(lhs, rhs_EDF, group_sizes_E.astype(jnp.int32),
+                               lhs.dtype, tiling, None, None, False,
+                               interpret), lhs_TD, group_sizes_E)[:rows]
+
+
+def _ragged_dot(lhs_TD, rhs_EDF, group_sizes_E):
+  # One group is a plain matmul: the TPU compiler fails on a ragged_dot of
+  # one group (a RET_CHECK in its mask lowering, libtpu 0.0.42.1).
+  if rhs_EDF.shape[0] == 1:
+    return _zeros_past_groups(lambda lhs: jnp.dot(lhs, rhs_EDF[0]), lhs_TD,
+                              group_sizes_E)
+  return _zeros_past_groups(
+      lambda lhs: jax.lax.ragged_dot(lhs, rhs_EDF, group_sizes_E), lhs_TD,
+      group_sizes_E)
 
 
 def _zeros(shape, dtype, *like):
@@ -118,7 +140,7 @@ def _tiled(lhs_TD, rhs_EDF, group_sizes_E, tile):
   rows, groups = lhs_TD.shape[0], rhs_EDF.shape[0]
   # A tile taller than all the rows would only multiply padding.
   tile = max(1, min(tile, rows))
-  sizes_E = group_sizes_E.astype(jnp.int32)
+  sizes_E = jnp.asarray(group_sizes_E, jnp.int32)
   # Group g's rows start at starts_E[g] here and at tile_starts_E[g] * tile
   # in the padded layout, where it has tiles_E[g] tiles.
   ends_E = jnp.cumsum(sizes_E)
@@ -199,4 +221,4 @@ def grouped_matmul(
     return _megablox(lhs_TD, rhs_EDF, group_sizes_E, tiling, interpret)
   if impl == "tiled":
     return _tiled(lhs_TD, rhs_EDF, group_sizes_E, tiling[0])
-  return jax.lax.ragged_dot(lhs_TD, rhs_EDF, group_sizes_E)
+  return _ragged_dot(lhs_TD, rhs_EDF, group_sizes_E)

@@ -17,7 +17,9 @@ Three implementations, one signature:
              sequence's length are skipped; memory O(B * T) per step.
   pallas     the TPU kernel shipped with jax
              (`jax.experimental.pallas.ops.tpu.paged_attention`); TPU only,
-             no window and no sinks; head dim a multiple of 128. It wants
+             no window and no sinks; head dim a multiple of 128; bfloat16
+             keys and values (Mosaic fails to compile its float32 matmuls
+             on a v5e: "Bad rhs type"). It wants
              the pages head-major, [G, P, p, K]: this wrapper transposes
              them (a cache meant for it should store that layout).
   auto       pallas on TPU where it serves the call, else jax.
@@ -164,13 +166,15 @@ def paged_attention(
                                            ("chunk", chunk),
                                            ("sinks_H", sinks_H))
                   if value is not None]
+  if jnp.dtype(k_pages_PpGK.dtype) != jnp.bfloat16:
+    pallas_lacks.append(f"{jnp.dtype(k_pages_PpGK.dtype).name} pages")
   on_tpu = backend.target_platform() == "tpu"
   if impl == "auto":
     impl = "pallas" if on_tpu and not pallas_lacks else "jax"
   if impl == "pallas" and (pallas_lacks or not on_tpu):
     raise ValueError(
-        "Paged attention impl 'pallas' runs on TPU without window, chunk or "
-        "sinks "
+        "Paged attention impl 'pallas' runs on TPU with bfloat16 pages and "
+        "without window, chunk or sinks "
         f"(platform {backend.target_platform()!r}, given {pallas_lacks}); "
         "use 'auto', 'jax' or 'reference'.")
   if impl == "pallas":
