@@ -5,7 +5,10 @@ an explicit coordinator it starts JAX's distributed runtime; without one it
 lets JAX detect a cluster (Slurm, Open MPI, Cloud TPU on GKE, or JAX's own
 JAX_COORDINATOR_ADDRESS) from the environment variables in `CLUSTER_ENV_VARS`
 and `SLURM_ENV_VARS`; when neither is there the run is single-process and
-nothing is initialized. A plain Kubernetes pod is not taken as a cluster (every
+nothing is initialized. A TPU VM sets its TPU variables on one host too
+(TPU_WORKER_HOSTNAMES=localhost): they mean a cluster only when they name
+several hosts, so a one-host TPU never starts the runtime (whose TPU
+detection asks the GCE metadata server, which a TPU outside GCE lacks). A plain Kubernetes pod is not taken as a cluster (every
 pod has KUBERNETES_SERVICE_HOST): pass the flags there.
 
 On CPU, cross-process collectives go through gloo (selected here, before the
@@ -25,6 +28,8 @@ CLUSTER_ENV_VARS = (
     "TPU_WORKER_HOSTNAMES",  # Cloud TPU on GKE.
     "TPU_PROCESS_ADDRESSES",  # Cloud TPU, multi-slice.
 )
+# Those that mean a cluster only when they list several (comma-separated).
+TPU_HOST_LISTS = ("TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES")
 # Slurm sets these for every task of a job step (as JAX's detector requires).
 SLURM_ENV_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
                   "SLURM_PROCID", "SLURM_LOCALID")
@@ -33,8 +38,13 @@ SLURM_ENV_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
 def cluster_detected(environ: Mapping[str, str] | None = None) -> bool:
   """Whether `environ` (default: os.environ) shows a multi-process launcher."""
   environ = os.environ if environ is None else environ
-  if any(var in environ for var in CLUSTER_ENV_VARS):
-    return True
+  for var in CLUSTER_ENV_VARS:
+    if var not in environ:
+      continue
+    if var not in TPU_HOST_LISTS:
+      return True
+    if len([h for h in environ[var].split(",") if h.strip()]) > 1:
+      return True
   return (all(var in environ for var in SLURM_ENV_VARS) and
           environ["SLURM_NTASKS"].strip() not in ("", "1"))
 

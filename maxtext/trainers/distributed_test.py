@@ -54,6 +54,20 @@ class CheckArgsTest(absltest.TestCase):
     self.assertFalse(distributed.cluster_detected({**slurm,
                                                    "SLURM_NTASKS": "1"}))
 
+  def test_a_one_host_tpu_is_no_cluster(self):
+    """A TPU VM of one host (what a v5e chip's machine sets) starts no
+    runtime; TPU variables naming several hosts are a cluster."""
+    one_host = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0",
+                "TPU_SKIP_MDS_QUERY": "true",
+                "TPU_ACCELERATOR_TYPE": "v5litepod-4"}
+    self.assertFalse(distributed.cluster_detected(one_host))
+    self.assertFalse(distributed.cluster_detected(
+        {"TPU_PROCESS_ADDRESSES": "10.0.0.2:8476"}))
+    self.assertTrue(distributed.cluster_detected(
+        {**one_host, "TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"}))
+    self.assertTrue(distributed.cluster_detected(
+        {"TPU_PROCESS_ADDRESSES": "10.0.0.2:8476,10.0.0.3:8476"}))
+
 
 if __name__ == "__main__":
   absltest.main()
