@@ -3,8 +3,10 @@ file, converted as `convert_ckpt --gguf` converts it) on the bundled word
 problems (`configs/grpo.py:smollm2_arithmetic`), scored before and after by
 eval's word-problem tasks (greedy answers, exact "#### N", ChatML).
 
-- `smollm2_arithmetic_test` (in the suite): a shortened run on the easy
-  split (`data.source="word_problems_easy"`, 8 updates); the exact-answer
+- `smollm2_arithmetic_test` (manual: over the suite's 120 s and 4 GiB a
+  target, so `.ci/run` runs it by name after the suite, alone): a
+  shortened run on the easy split (`data.source="word_problems_easy"`, 8
+  updates); the exact-answer
   reward, scored greedily on the first 50 problems of the easy held-out
   set, rises by at least 15 points (measured: 12% -> 48%, the run 5.8 min;
   the sampled reward of 8 batches of 16 is too noisy to show it: 0.09,

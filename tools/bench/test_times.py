@@ -1,22 +1,26 @@
-r"""Where a `bazel test` run's time went, per target.
+r"""Where a `bazel test` run's time and memory went, per target.
 
 Reads the run's build event file (`--build_event_json_file`) for each test
 target's time and whether its result came from a cache, and the `test.log`
-of each of its shards for the JAX compilations it ran (their
-count, seconds and the slowest programs; the logs have them when the run
-set `JAX_LOG_COMPILES=1`) and the programs it loaded from JAX's persistent
-compilation cache. Prints the targets slowest first, and warns about any
-target not tagged manual that took longer than --warn_s (a warning, not a
-failure: these machines are noisy). Standard library only, so `.ci/run`
-runs it with the host's python3.
+of each of its shards for its peak resident memory (the line
+tools/bench/peak_rss.sh, .bazelrc's --run_under, ends it with), the JAX
+compilations it ran (their count, seconds and the slowest programs; the
+logs have them when the run set `JAX_LOG_COMPILES=1`) and the programs it
+loaded from JAX's persistent compilation cache. Prints the targets slowest
+first, and warns about any target not tagged manual that took longer than
+--warn_s or whose largest process held more than --warn_gib resident (a
+warning, not a failure: these machines are noisy). Standard library only,
+so `.ci/run` runs it with the host's python3.
 
   tools/bazel test //... --build_event_json_file=/tmp/bep.json \
       --test_env=JAX_LOG_COMPILES=1
   python3 tools/bench/test_times.py --bep=/tmp/bep.json
 
 Columns: seconds (the slowest shard's; "+" marks a sharded target, whose
-shards' sum is in "cpu s"), where the result came from (run, cached
-locally or from the disk cache), the XLA compilations and their seconds,
+shards' sum is in "cpu s"), the peak resident memory of the target's
+largest process in GiB (over its shards; "-" where the log has no such
+line: a result from a cache whose log predates it), where the result came
+from (run, cached locally or from the disk cache), the XLA compilations and their seconds,
 persistent-cache hits, and the programs that took the longest to compile.
 """
 
@@ -31,6 +35,7 @@ import sys
 _COMPILE = re.compile(
     r"Finished XLA compilation of (.+?) in ([0-9.]+) sec")
 _CACHE_HIT = re.compile(r"Persistent compilation cache hit for '([^']+)'")
+_PEAK_RSS = re.compile(r"^peak resident memory: ([0-9]+) KiB$")
 
 
 @dataclasses.dataclass
@@ -43,6 +48,7 @@ class Target:
   compiles: int = 0
   compile_s: float = 0.0
   cache_hits: int = 0
+  peak_kib: int | None = None
   programs: collections.Counter = dataclasses.field(
       default_factory=collections.Counter)
   logs: list[str] = dataclasses.field(default_factory=list)
@@ -54,6 +60,10 @@ class Target:
   @property
   def cpu_s(self) -> float:
     return sum(self.seconds)
+
+  @property
+  def peak_gib(self) -> float | None:
+    return None if self.peak_kib is None else self.peak_kib / 2**20
 
 
 def read_build_events(path: str) -> tuple[dict[str, Target], set[str]]:
@@ -87,7 +97,8 @@ def read_build_events(path: str) -> tuple[dict[str, Target], set[str]]:
 
 
 def read_logs(target: Target) -> None:
-  """Adds the compilations and cache hits in the target's test logs."""
+  """Adds the peak memory, compilations and cache hits in the target's test
+  logs."""
   for path in target.logs:
     if not os.path.isfile(path):
       continue
@@ -101,18 +112,24 @@ def read_logs(target: Target) -> None:
           target.programs[match.group(1)] += seconds
         elif _CACHE_HIT.search(line):
           target.cache_hits += 1
+        else:
+          match = _PEAK_RSS.match(line)
+          if match:
+            target.peak_kib = max(target.peak_kib or 0, int(match.group(1)))
 
 
 def table(targets: list[Target], top: int) -> str:
-  rows = [f"{'seconds':>8} {'cpu s':>7} {'result':<10} {'compiles':>8}"
+  rows = [f"{'seconds':>8} {'cpu s':>7} {'GiB':>5} {'result':<10}"
+          f" {'compiles':>8}"
           f" {'compile s':>9} {'cache hits':>10}  target: slowest programs"]
   for t in targets[:top]:
     programs = ", ".join(
         f"{name} {seconds:.1f}s" for name, seconds in
         t.programs.most_common(3))
     sharded = "+" if len(t.seconds) > 1 else " "
+    gib = "-" if t.peak_gib is None else f"{t.peak_gib:.2f}"
     rows.append(
-        f"{t.wall_s:>7.1f}{sharded} {t.cpu_s:>7.1f} {t.source:<10}"
+        f"{t.wall_s:>7.1f}{sharded} {t.cpu_s:>7.1f} {gib:>5} {t.source:<10}"
         f" {t.compiles:>8} {t.compile_s:>9.1f} {t.cache_hits:>10}"
         f"  {t.label}{': ' + programs if programs else ''}")
   return "\n".join(rows)
@@ -128,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="Targets listed (0: all).")
   parser.add_argument("--warn_s", type=float, default=120.0,
                       help="Warn about non-manual targets slower than this.")
+  parser.add_argument("--warn_gib", type=float, default=4.0,
+                      help="Warn about non-manual targets whose largest"
+                      " process held more resident memory than this.")
   args = parser.parse_args(argv)
   try:
     targets, manual = read_build_events(args.bep)
@@ -142,12 +162,21 @@ def main(argv: list[str] | None = None) -> int:
         f" ({sum(t.cpu_s for t in run):.0f} s of test time,"
         f" {sum(t.compile_s for t in run):.0f} s of it XLA compilation),"
         f" {len(ordered) - len(run)} from a cache.")
+  measured = [t for t in run if t.peak_gib is not None]
+  if measured:
+    largest = max(measured, key=lambda t: t.peak_gib)
+    print(f"Largest resident memory of a run target: {largest.peak_gib:.2f}"
+          f" GiB, {largest.label}.")
   print(table(ordered, args.top or len(ordered)))
-  slow = [t for t in ordered if t.wall_s > args.warn_s and t.source == "run"
-          and t.label not in manual]
-  for t in slow:
-    print(f"WARNING: {t.label} took {t.wall_s:.0f} s, over the"
-          f" {args.warn_s:.0f} s budget of a non-manual test target.")
+  for t in ordered:
+    if t.source != "run" or t.label in manual:
+      continue
+    if t.wall_s > args.warn_s:
+      print(f"WARNING: {t.label} took {t.wall_s:.0f} s, over the"
+            f" {args.warn_s:.0f} s budget of a non-manual test target.")
+    if t.peak_gib is not None and t.peak_gib > args.warn_gib:
+      print(f"WARNING: {t.label} held {t.peak_gib:.1f} GiB resident, over"
+            f" the {args.warn_gib:g} GiB budget of a non-manual test target.")
   return 0
 
 

@@ -34,10 +34,13 @@ class TestTimesTest(absltest.TestCase):
         " 12.500000000 sec\n"
         "WARNING ... Finished XLA compilation of jit(init) in 0.5 sec\n"
         "WARNING ... Persistent compilation cache hit for 'jit_eval'"
-        " with key 'k'\n")).full_path
+        " with key 'k'\n"
+        "peak resident memory: 1572864 KiB\n")).full_path
+    # The larger shard's peak is the target's; 5 GiB is over the budget.
     shard_logs = [folder.create_file(f"s{i}.log", content=(
-        "Finished XLA compilation of jit(f) in 1.0 sec\n")).full_path
-                  for i in (1, 2)]
+        "Finished XLA compilation of jit(f) in 1.0 sec\n"
+        f"peak resident memory: {kib} KiB\n")).full_path
+                  for i, kib in ((1, 5 * 2**20), (2, 2**20))]
     events = [
         {"id": {"targetConfigured": {"label": "//a:slow"}},
          "configured": {"targetKind": "py_test rule", "tag": []}},
@@ -56,23 +59,30 @@ class TestTimesTest(absltest.TestCase):
     self.assertEqual(
         lines[0], "4 test targets: 2 run (220 s of test time, 15 s of it XLA"
         " compilation), 2 from a cache.")
+    self.assertEqual(lines[1], "Largest resident memory of a run target:"
+                     " 5.00 GiB, //a:sharded.")
     # Slowest first; only three rows; a sharded target's wall is its
     # slowest shard, its cpu seconds the sum.
-    rows = lines[2:5]
+    rows = lines[3:6]
     self.assertEqual(
         [next(w for w in row.split() if w.startswith("//")).rstrip(":")
          for row in rows], ["//a:local", "//a:slow", "//a:sharded"])
-    self.assertFalse(lines[5].startswith(" "))  # --top=3: no fourth row.
-    slow = lines[3].split()
-    self.assertEqual(slow[:6], ["130.0", "130.0", "run", "2", "13.0", "1"])
-    self.assertIn("jit(train_step) 12.5s, jit(init) 0.5s", lines[3])
-    self.assertTrue(lines[4].startswith("   50.0+    90.0 run"), lines[4])
-    self.assertIn("cached", lines[2])
-    # Only the run target over the budget is warned about, not the cached.
+    self.assertFalse(lines[6].startswith(" "))  # --top=3: no fourth row.
+    slow = lines[4].split()
+    self.assertEqual(slow[:7],
+                     ["130.0", "130.0", "1.50", "run", "2", "13.0", "1"])
+    self.assertIn("jit(train_step) 12.5s, jit(init) 0.5s", lines[4])
+    self.assertTrue(lines[5].startswith("   50.0+    90.0  5.00 run"),
+                    lines[5])
+    # A cached result whose log is gone has no memory figure.
+    self.assertEqual(lines[3].split()[2:4], ["-", "cached"])
+    # Only the run targets over a budget are warned about, not the cached.
     warnings = [line for line in lines if line.startswith("WARNING")]
     self.assertEqual(warnings, [
         "WARNING: //a:slow took 130 s, over the 120 s budget of a"
-        " non-manual test target."])
+        " non-manual test target.",
+        "WARNING: //a:sharded held 5.0 GiB resident, over the 4 GiB budget"
+        " of a non-manual test target."])
 
   def test_a_missing_build_event_file_is_one_line(self):
     err = io.StringIO()
