@@ -53,6 +53,11 @@ class Check:
   grads: bool = True
 
 
+def error_line(e: Exception) -> str:
+  """A check's failure in one line: the exception's type and first line."""
+  return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+
+
 def _on_tpu() -> bool:
   return jax.default_backend() == "tpu"
 
@@ -97,8 +102,7 @@ def evaluate(check: Check) -> dict:
       got = _outputs(check.kernel, [jax.device_put(a) for a in inputs],
                      check.grads)
   except Exception as e:  # pylint: disable=broad-exception-caught
-    result.update(passed=False,
-                  error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    result.update(passed=False, error=error_line(e))
     return result
   errors = {}
   for key, w in want.items():

@@ -30,6 +30,7 @@ import numpy as np
 
 from maxtext.models import registry
 from testing import tiny_configs
+from tools.tpu import kernel_checks
 
 # Float32 weights at `highest` precision through three tiny layers: on a
 # v5e, 2.2e-6 to 5.1e-5 of the largest logit for the attention and expert
@@ -152,8 +153,7 @@ def run(small: bool, only=()) -> list[dict]:
           errors[precision] = float(np.abs(got - want).max()) / scale
         result.update(errors=errors, passed=errors["highest"] <= TOLERANCE)
       except Exception as e:  # pylint: disable=broad-exception-caught
-        result.update(passed=False, error=(
-            f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"))
+        result.update(passed=False, error=kernel_checks.error_line(e))
       results.append(result)
   if not only or any(_MOE_FAMILY.startswith(p) for p in only):
     results.append(_moe_gradients(small))

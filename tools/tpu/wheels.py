@@ -88,9 +88,13 @@ def download(name: str, version: str, folder: str) -> str:
   """The path of `name==version`'s wheel in `folder`, downloaded if
   missing."""
   pattern = re.sub(r"-", "[-_.]", name)
-  found = [p for p in glob.glob(os.path.join(folder, "*.whl"))
-           if re.match(rf"(?i){pattern}-{re.escape(version)}-",
-                       os.path.basename(p))]
+
+  def present() -> list[str]:
+    return [p for p in glob.glob(os.path.join(folder, "*.whl"))
+            if re.match(rf"(?i){pattern}-{re.escape(version)}-",
+                        os.path.basename(p))]
+
+  found = present()
   if not found:
     command = [sys.executable, "-m", "pip", "download", "--quiet",
                "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
@@ -98,9 +102,7 @@ def download(name: str, version: str, folder: str) -> str:
     for platform in PLATFORMS:
       command += ["--platform", platform]
     subprocess.run(command, check=True)
-    found = [p for p in glob.glob(os.path.join(folder, "*.whl"))
-             if re.match(rf"(?i){pattern}-{re.escape(version)}-",
-                         os.path.basename(p))]
+    found = present()
   if len(found) != 1:
     raise SystemExit(f"wheels: expected one wheel of {name}=={version} in"
                      f" {folder}, found {found or 'none'}.")
